@@ -1,0 +1,1 @@
+"""JetServe services; each runs as ``python -m services.<name>`` and imports only ``shared``."""

@@ -1,0 +1,2 @@
+"""JetServe's shared package: the only code services have in common (messages, subjects, codec,
+config, logging, errors, NATS helpers, registry access, block hashing)."""

@@ -1,0 +1,176 @@
+"""Wire messages exchanged between services: the only place message shapes are defined.
+
+Every bus message is a frozen msgspec Struct, MessagePack on the wire (``shared.codec``). The
+class name travels as the ``type`` tag, so one decoder can read a union. Only add fields with
+defaults; a breaking change gets a new class or a ``v2`` subject token.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+Api = Literal["chat", "completion"]
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Base for every request-path message; ``request_id`` travels in the body."""
+
+    request_id: str
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the engine needs to sample; resolved by the preprocessor (``max_tokens`` is final)."""
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end generation, the model's EOS ids included unless ``ignore_eos``."""
+
+
+class OutputOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the formatter needs to shape the client's response."""
+
+    stream: bool = False
+    include_usage: bool = False
+    """Streaming only: send a final chunk with ``usage`` (``stream_options.include_usage``)."""
+    continuous_usage: bool = False
+    stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    echo: bool = False
+    n: int = 1
+
+
+class Preprocess(Message, frozen=True):
+    """Gateway -> preprocessor: a validated client request, before templating."""
+
+    api: Api
+    model: str
+    reply_to: str
+    created: int
+    """Unix seconds, used in response objects (``created``)."""
+    messages: tuple[dict[str, Any], ...] = ()
+    prompt: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    tools: tuple[dict[str, Any], ...] | None = None
+    chat_template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    max_tokens: int | None = None
+    """As the client asked; ``None`` means up to the context length."""
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    output: OutputOptions = msgspec.field(default_factory=OutputOptions)
+    deadline_ms: int = 0
+    """Unix milliseconds after which the gateway has given up; 0 = none."""
+
+
+class StreamOpen(Message, frozen=True):
+    """Preprocessor -> formatter (request/reply): get ready to format one request."""
+
+    api: Api
+    model: str
+    reply_to: str
+    created: int
+    prompt_tokens: int
+    output: OutputOptions
+    max_tokens: int
+    prompt_text: str = ""
+    """Only for ``echo``."""
+
+
+class StreamOpened(Message, frozen=True):
+    """Formatter -> preprocessor: send the token batches of this request here."""
+
+    stream_to: str
+
+
+class Generate(Message, frozen=True):
+    """Preprocessor -> router -> worker: token ids ready for the engine."""
+
+    model: str
+    token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    stream_to: str
+    """Where the worker sends ``TokenBatch`` and any hop sends ``RequestFailed``."""
+    worker_id: str | None = None
+    """Set by the router (or by a client pinning a worker)."""
+
+
+class TokenBatch(Message, frozen=True):
+    """Worker -> formatter: the next token ids of one request, in order."""
+
+    token_ids: tuple[int, ...]
+    index: int = 0
+    """Position of the first id of this batch in the generated sequence (detects loss)."""
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache; sent with the first batch."""
+    worker_id: str = ""
+
+
+class RequestFailed(Message, frozen=True):
+    """Any hop -> formatter or gateway: the request cannot go on."""
+
+    code: str
+    message: str
+    status: int = 500
+    retry_after_s: float | None = None
+    param: str | None = None
+
+
+class ResponseChunk(Message, frozen=True):
+    """Formatter -> gateway: bytes ready for the client (SSE frames, or a whole JSON body)."""
+
+    data: bytes
+    done: bool = False
+
+
+class Cancel(Message, frozen=True):
+    """Broadcast: stop work on this request and free what it holds."""
+
+    reason: str = "client_disconnected"
+
+
+WorkerEvent = TokenBatch | RequestFailed
+"""What a formatter's stream subject carries."""
+GatewayEvent = ResponseChunk | RequestFailed
+"""What a gateway's reply subject carries."""
+
+
+# --- durable records (JetStream KV / object store), not request-path messages ------------------
+
+
+class WorkerCard(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A live worker, as stored in the workers KV bucket under its ``worker_id``."""
+
+    worker_id: str
+    model: str
+    kind: str = "mocker"
+    block_size: int = 16
+    kv_blocks: int = 0
+    max_num_seqs: int = 0
+    context_length: int = 0
+    started_at: float = 0.0
+    heartbeat_at: float = 0.0
+
+
+class ModelCard(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A served model, as stored in the models object store under ``<model>/card``."""
+
+    model: str
+    context_length: int
+    eos_token_ids: tuple[int, ...] = ()
+    files: tuple[str, ...] = ()
+    """Names of the model files stored beside the card (``tokenizer.json``, ...)."""
+    created: int = 0

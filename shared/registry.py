@@ -1,0 +1,306 @@
+"""The model registry on JetStream: worker cards in a KV bucket, model files in an object store.
+
+Workers register (``WorkerRegistration``) and publish their model's files (``publish_model``);
+every other service reads through ``WorkerDirectory`` (a watch on the bucket, expired by TTL
+locally because max-age expiry sends watchers nothing) and ``ModelFiles`` (cached downloads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import structlog
+from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
+from nats.js.client import JetStreamContext
+from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from shared import codec
+from shared.messages import ModelCard, WorkerCard
+from shared.subjects import Subjects
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_WORKER_TTL_S = 10.0
+MODEL_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json")
+CARD = "card"
+
+
+def object_name(model: str, file: str) -> str:
+    """Object-store name of one file of one model."""
+    return f"{model}/{file}"
+
+
+async def workers_bucket(js: JetStreamContext, subjects: Subjects, ttl_s: float) -> KeyValue:
+    """Open the workers KV bucket, creating it (max age = ``ttl_s``) if it does not exist."""
+    try:
+        return await js.key_value(subjects.workers_bucket)
+    except BucketNotFoundError:
+        config = KeyValueConfig(
+            bucket=subjects.workers_bucket, history=1, ttl=ttl_s, storage=StorageType.FILE
+        )
+        return await js.create_key_value(config=config)
+
+
+async def models_store(js: JetStreamContext, subjects: Subjects) -> ObjectStore:
+    """Open the models object store, creating it if it does not exist."""
+    try:
+        return await js.object_store(subjects.models_store)
+    except (BucketNotFoundError, NotFoundError):
+        config = ObjectStoreConfig(bucket=subjects.models_store, storage=StorageType.FILE)
+        return await js.create_object_store(config=config)
+
+
+# --- pure core -----------------------------------------------------------------------------------
+
+
+def is_live(card: WorkerCard, now: float, ttl_s: float) -> bool:
+    """A card is live while its last heartbeat is younger than the TTL."""
+    return now - card.heartbeat_at < ttl_s
+
+
+@dataclass
+class LiveWorkers:
+    """Worker cards seen so far, by id. Pure: the clock is passed in."""
+
+    ttl_s: float
+    cards: dict[str, WorkerCard] = field(default_factory=dict)
+
+    def put(self, card: WorkerCard) -> None:
+        self.cards[card.worker_id] = card
+
+    def remove(self, worker_id: str) -> WorkerCard | None:
+        return self.cards.pop(worker_id, None)
+
+    def expire(self, now: float) -> list[WorkerCard]:
+        """Drop and return the cards whose heartbeat is older than the TTL."""
+        dead = [c for c in self.cards.values() if not is_live(c, now, self.ttl_s)]
+        for card in dead:
+            del self.cards[card.worker_id]
+        return dead
+
+    def for_model(self, model: str, now: float) -> list[WorkerCard]:
+        """Live workers serving ``model``, ordered by worker id (stable for round-robin)."""
+        return sorted(
+            (c for c in self.cards.values() if c.model == model and is_live(c, now, self.ttl_s)),
+            key=lambda c: c.worker_id,
+        )
+
+    def models(self, now: float) -> set[str]:
+        """Models with at least one live worker."""
+        return {c.model for c in self.cards.values() if is_live(c, now, self.ttl_s)}
+
+
+# --- reader side ---------------------------------------------------------------------------------
+
+
+class WorkerDirectory:
+    """Keeps a ``LiveWorkers`` view in sync with the workers bucket through a KV watch."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        subjects: Subjects,
+        *,
+        ttl_s: float = DEFAULT_WORKER_TTL_S,
+        clock: Callable[[], float] = time.time,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self._js = js
+        self._subjects = subjects
+        self._clock = clock
+        self._on_change = on_change
+        self.view = LiveWorkers(ttl_s=ttl_s)
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+
+    async def start(self) -> None:
+        """Open the bucket and start watching; returns once the initial values are loaded."""
+        kv = await workers_bucket(self._js, self._subjects, self.view.ttl_s)
+        watcher = await kv.watchall()
+        self._task = asyncio.create_task(self._watch(watcher), name="worker-directory")
+        await asyncio.wait_for(self._ready.wait(), timeout=10)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _watch(self, watcher: KeyValue.KeyWatcher) -> None:
+        async for entry in watcher:
+            if entry is None:  # end of the initial values
+                self._ready.set()
+                continue
+            if entry.operation in ("DEL", "PURGE") or not entry.value:
+                if self.view.remove(entry.key) is not None:
+                    log.info("worker_deregistered", worker_id=entry.key)
+            else:
+                card = codec.decode(entry.value, WorkerCard)
+                if card.worker_id not in self.view.cards:
+                    log.info("worker_registered", worker_id=card.worker_id, model=card.model)
+                self.view.put(card)
+            self._ready.set()
+            if self._on_change is not None:
+                self._on_change()
+
+    def live(self, model: str) -> list[WorkerCard]:
+        """Live workers for ``model`` right now."""
+        return self.view.for_model(model, self._clock())
+
+    def models(self) -> set[str]:
+        """Models with at least one live worker right now."""
+        return self.view.models(self._clock())
+
+    def card(self, worker_id: str) -> WorkerCard | None:
+        """The card of one live worker, if it is live."""
+        card = self.view.cards.get(worker_id)
+        if card is None or not is_live(card, self._clock(), self.view.ttl_s):
+            return None
+        return card
+
+
+class ModelFiles:
+    """Reads model cards and files from the object store; caches them per model."""
+
+    def __init__(self, js: JetStreamContext, subjects: Subjects) -> None:
+        self._js = js
+        self._subjects = subjects
+        self._store: ObjectStore | None = None
+        self._cache: dict[tuple[str, str], bytes] = {}
+
+    async def _open(self) -> ObjectStore:
+        if self._store is None:
+            self._store = await models_store(self._js, self._subjects)
+        return self._store
+
+    async def get(self, model: str, file: str, *, cached: bool = True) -> bytes | None:
+        """One file of a model (``None`` if the model or the file was never published)."""
+        key = (model, file)
+        if cached and key in self._cache:
+            return self._cache[key]
+        store = await self._open()
+        try:
+            result = await store.get(object_name(model, file))
+        except (ObjectNotFoundError, NotFoundError):
+            return None
+        data = result.data or b""
+        self._cache[key] = data
+        return data
+
+    async def card(self, model: str, *, cached: bool = True) -> ModelCard | None:
+        """The model's card, or ``None`` if no worker ever published this model."""
+        data = await self.get(model, CARD, cached=cached)
+        return codec.decode(data, ModelCard) if data else None
+
+    def forget(self, model: str) -> None:
+        """Drop a model's cached files (after a worker republished them)."""
+        for key in [k for k in self._cache if k[0] == model]:
+            del self._cache[key]
+
+
+# --- writer side (workers) -----------------------------------------------------------------------
+
+
+async def publish_model(
+    js: JetStreamContext, subjects: Subjects, card: ModelCard, model_dir: Path
+) -> None:
+    """Upload the model's files (only those whose digest changed), then its card."""
+    store = await models_store(js, subjects)
+    names: list[str] = []
+    for file in MODEL_FILES:
+        path = model_dir / file
+        if not path.is_file():
+            continue
+        names.append(file)
+        data = path.read_bytes()
+        await _put_if_changed(store, object_name(card.model, file), data)
+    stored = ModelCard(
+        model=card.model,
+        context_length=card.context_length,
+        eos_token_ids=card.eos_token_ids,
+        files=tuple(names),
+        created=card.created,
+    )
+    await _put_if_changed(store, object_name(card.model, CARD), codec.encode(stored))
+
+
+async def _put_if_changed(store: ObjectStore, name: str, data: bytes) -> None:
+    digest = "SHA-256=" + _b64url(hashlib.sha256(data).digest())
+    try:
+        info = await store.get_info(name)
+        if info.digest == digest:
+            return
+    except (ObjectNotFoundError, NotFoundError):
+        pass
+    await store.put(name, data)
+    log.info("model_file_uploaded", name=name, size=len(data))
+
+
+def _b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+class WorkerRegistration:
+    """Keeps one worker card alive in the bucket by heartbeat; deletes it on ``stop``."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        subjects: Subjects,
+        card: WorkerCard,
+        *,
+        ttl_s: float = DEFAULT_WORKER_TTL_S,
+    ) -> None:
+        self._js = js
+        self._subjects = subjects
+        self._card = card
+        self._ttl_s = ttl_s
+        self._kv: KeyValue | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._kv = await workers_bucket(self._js, self._subjects, self._ttl_s)
+        await self._beat()
+        self._task = asyncio.create_task(self._loop(), name="worker-heartbeat")
+
+    async def _beat(self) -> None:
+        assert self._kv is not None
+        now = time.time()
+        card = msgspec.structs.replace(
+            self._card, heartbeat_at=now, started_at=self._card.started_at or now
+        )
+        self._card = card
+        await self._kv.put(card.worker_id, codec.encode(card))
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._ttl_s / 3)
+            try:
+                await self._beat()
+            except Exception as exc:  # noqa: BLE001 - keep beating through NATS hiccups
+                log.warning("heartbeat_failed", error=str(exc))
+
+    async def stop(self) -> None:
+        """Stop the heartbeat and delete the card (the worker leaves the registry at once)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._kv is not None:
+            with contextlib.suppress(Exception):
+                await self._kv.delete(self._card.worker_id)
+
+
+def live_model_names(cards: Iterable[WorkerCard]) -> list[str]:
+    """Sorted distinct model names of ``cards``."""
+    return sorted({c.model for c in cards})

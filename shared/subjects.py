@@ -1,0 +1,92 @@
+"""NATS subject, stream, bucket and object-store names. Every subject string is built here."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+VERSION = "v1"
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def is_token(value: str) -> bool:
+    """True when ``value`` can be one subject token (no dots, spaces or wildcards)."""
+    return bool(_TOKEN.match(value))
+
+
+def check_token(value: str, what: str) -> str:
+    """Return ``value`` or raise ValueError naming ``what`` when it is not a valid token."""
+    if not is_token(value):
+        raise ValueError(f"{what} must match {_TOKEN.pattern}: {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Subjects:
+    """Subjects under one namespace; each test uses its own random namespace."""
+
+    namespace: str = "jetserve"
+
+    def __post_init__(self) -> None:
+        check_token(self.namespace, "namespace")
+
+    @property
+    def _p(self) -> str:
+        return f"{self.namespace}.{VERSION}"
+
+    # --- request path (core NATS) -------------------------------------------------------------
+    @property
+    def preprocess(self) -> str:
+        """Gateway -> preprocessors (queue group ``preprocessor``)."""
+        return f"{self._p}.preprocess"
+
+    @property
+    def formatter_open(self) -> str:
+        """Preprocessor -> formatters, request/reply ``StreamOpen`` (queue group ``formatter``)."""
+        return f"{self._p}.formatter.open"
+
+    def stream(self, formatter_id: str, request_id: str) -> str:
+        """Worker -> one formatter: token batches for one request."""
+        return f"{self._p}.stream.{formatter_id}.{request_id}"
+
+    def stream_all(self, formatter_id: str) -> str:
+        """The one wildcard subscription of a formatter instance."""
+        return f"{self._p}.stream.{formatter_id}.*"
+
+    @property
+    def route(self) -> str:
+        """Preprocessor -> routers (queue group ``router``): unrouted ``Generate``."""
+        return f"{self._p}.router.generate"
+
+    def generate(self, worker_id: str) -> str:
+        """Router -> one worker."""
+        return f"{self._p}.worker.{worker_id}.generate"
+
+    def reply(self, gateway_id: str, request_id: str) -> str:
+        """Formatter (or any failing hop) -> the gateway instance holding the client."""
+        return f"{self._p}.gateway.{gateway_id}.{request_id}"
+
+    def reply_all(self, gateway_id: str) -> str:
+        """The one wildcard subscription of a gateway instance."""
+        return f"{self._p}.gateway.{gateway_id}.*"
+
+    @property
+    def cancel(self) -> str:
+        """Broadcast ``Cancel``: every worker and formatter listens, the holder acts."""
+        return f"{self._p}.cancel"
+
+    # --- durable state (JetStream) ------------------------------------------------------------
+    @property
+    def workers_bucket(self) -> str:
+        """KV bucket of worker cards, keyed by worker id, kept alive by heartbeat."""
+        return f"{self.namespace}_workers"
+
+    @property
+    def models_store(self) -> str:
+        """Object store of model cards and tokenizer files, ``<model>/<file>``."""
+        return f"{self.namespace}_models"
+
+
+def request_id_of(subject: str) -> str:
+    """The last token of a per-request subject (``stream`` / ``reply``)."""
+    return subject.rpartition(".")[2]

@@ -1,0 +1,16 @@
+"""Markers by folder: ``pytest -m "not integration and not e2e"`` is the fast loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+_TESTS = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.path)).relative_to(_TESTS).parts
+        if parts and parts[0] in ("integration", "e2e"):
+            item.add_marker(parts[0])
