@@ -117,6 +117,9 @@ class TokenBatch(Message, frozen=True):
     cached_tokens: int = 0
     """Prompt tokens served from the prefix cache; sent with the first batch."""
     worker_id: str = ""
+    stop_token_id: int | None = None
+    """With ``finish_reason="stop"``: the EOS / stop token id that ended generation, which is the
+    last id of ``token_ids`` (counted in usage, never shown as text)."""
 
 
 class RequestFailed(Message, frozen=True):
