@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import nats
@@ -67,7 +67,7 @@ async def wait_for_signal(stop: asyncio.Event | None = None) -> None:
             loop.remove_signal_handler(sig)
 
 
-def run(main: Callable[[], Awaitable[None]]) -> None:
+def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Run a service's async main on uvloop when available (faster per message)."""
     try:
         import uvloop

@@ -24,7 +24,7 @@ def _decoder(kind: Any) -> msgspec.msgpack.Decoder[Any]:
 
 def decode(data: bytes, kind: type[T]) -> T:
     """Deserialize ``data`` as ``kind`` (a Struct or a union of tagged Structs)."""
-    result: T = _decoder(kind).decode(data)
+    result: T = _decoder(kind).decode(data)  # type: ignore[arg-type]  # types are hashable
     return result
 
 

@@ -24,7 +24,9 @@ def env(name: str, default: T) -> T:
     if raw is None or raw == "":
         return default
     if isinstance(default, bool):
-        return cast(T, raw.strip().lower() in _TRUE)
+        return raw.strip().lower() in _TRUE
+    if isinstance(default, Path):
+        return cast(T, Path(raw))
     return cast(T, _PARSERS[type(default)](raw))
 
 
@@ -49,7 +51,7 @@ class CommonConfig:
 
 
 def add_common_options(parser: argparse.ArgumentParser, *, service: str) -> None:
-    """Add ``--nats-url``, ``--namespace``, ``--log-level``, ``--log-format``, ``--metrics-port``."""
+    """Add the options every service shares (NATS URL, namespace, logging, metrics port)."""
     parser.add_argument(
         "--nats-url",
         default=env("NATS_URL", DEFAULT_NATS_URL),

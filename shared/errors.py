@@ -1,4 +1,4 @@
-"""Typed expected failures: stable codes, HTTP status, OpenAI error type, to/from ``RequestFailed``."""
+"""Typed expected failures: stable codes, HTTP status, OpenAI error type, ``RequestFailed``."""
 
 from __future__ import annotations
 

@@ -40,7 +40,10 @@ def sequence_hashes(local_hashes: Sequence[int], seed: int = SEED) -> list[int]:
     out: list[int] = []
     parent: int | None = None
     for h in local_hashes:
-        seq = h if parent is None else xxhash.xxh3_64_intdigest(struct.pack("<QQ", parent, h), seed=seed)
+        if parent is None:
+            seq = h
+        else:
+            seq = xxhash.xxh3_64_intdigest(struct.pack("<QQ", parent, h), seed=seed)
         out.append(seq)
         parent = seq
     return out

