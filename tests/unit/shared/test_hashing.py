@@ -1,4 +1,4 @@
-"""Block hashing matches NVIDIA Dynamo 1.6.1 (vectors from ``dynamo.llm.compute_block_hash_for_seq``)."""
+"""Block hashing matches NVIDIA Dynamo 1.6.1 (``dynamo.llm.compute_block_hash_for_seq``)."""
 
 from shared.hashing import SEED, block_hash, local_block_hashes, salted_seed, sequence_hashes
 
@@ -30,9 +30,10 @@ def test_sequence_hash_depends_on_the_whole_prefix() -> None:
     a = sequence_hashes(local_block_hashes([*range(16), *range(100, 116)], 16))
     b = sequence_hashes(local_block_hashes([*range(1, 17), *range(100, 116)], 16))
     assert a[1] != b[1]
-    assert local_block_hashes([*range(16), *range(100, 116)], 16)[1] == local_block_hashes(
-        [*range(1, 17), *range(100, 116)], 16
-    )[1]
+    assert (
+        local_block_hashes([*range(16), *range(100, 116)], 16)[1]
+        == local_block_hashes([*range(1, 17), *range(100, 116)], 16)[1]
+    )
 
 
 def test_salt_changes_the_seed_and_no_salt_keeps_1337() -> None:

