@@ -68,7 +68,7 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True):
     created: int
     model: str
     choices: list[ChunkChoice]
-    usage: Usage | None | UnsetType = UNSET
+    usage: Usage | UnsetType | None = UNSET
     """Absent unless ``include_usage``; then ``null`` on every chunk but the last."""
 
 
@@ -109,7 +109,7 @@ class Completion(msgspec.Struct, kw_only=True):
     created: int
     model: str
     choices: list[CompletionChoice]
-    usage: Usage | None | UnsetType = UNSET
+    usage: Usage | UnsetType | None = UNSET
 
 
 # --- per-request shapers ------------------------------------------------------------------------

@@ -18,11 +18,11 @@ class RequestFormatter:
     """Formats one request. ``on_batch`` returns the bytes to send (``b""`` = nothing yet)."""
 
     __slots__ = (
+        "_continuous",
         "_detok",
         "_parts",
         "_shaper",
         "_started",
-        "_continuous",
         "cached_tokens",
         "finish_reason",
         "last_seen",

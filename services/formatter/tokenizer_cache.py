@@ -13,7 +13,7 @@ from typing import Any
 import structlog
 
 from services.formatter.detokenizer import load_tokenizer
-from shared.errors import InternalError, ModelNotFound, ServiceError
+from shared.errors import InternalError, ModelNotFound
 
 log = structlog.get_logger(__name__)
 
@@ -54,17 +54,14 @@ class TokenizerCache:
     async def _load(self, model: str) -> Any:
         try:
             data = await self._fetch(model)
-        except Exception as exc:  # noqa: BLE001 - any registry failure is one typed error
+        except Exception as exc:  # any registry failure becomes one typed error
             raise InternalError(f"cannot read the tokenizer of `{model}`: {exc}") from exc
         if data is None:
             raise ModelNotFound(model)
         try:
             tokenizer = await asyncio.to_thread(load_tokenizer, data)
-        except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exceptions
+        except Exception as exc:  # tokenizers raises plain Exceptions
             raise InternalError(f"cannot parse the tokenizer of `{model}`: {exc}") from exc
         self._ready[model] = tokenizer
         log.info("tokenizer_loaded", model=model, size=len(data))
         return tokenizer
-
-
-__all__ = ["Fetch", "ServiceError", "TokenizerCache"]

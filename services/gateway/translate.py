@@ -229,7 +229,7 @@ def _output(request: ChatCompletionRequest | CompletionRequest, *, echo: bool) -
         stream=stream,
         include_usage=stream and options is not None and bool(options.include_usage),
         continuous_usage=stream and options is not None and bool(options.continuous_usage_stats),
-        stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+        stop=((stop,) if stop else ()) if isinstance(stop, str) else tuple(stop or ()),
         include_stop_str_in_output=_flag(request.include_stop_str_in_output, default=False),
         skip_special_tokens=_flag(request.skip_special_tokens, default=True),
         echo=echo,

@@ -1,0 +1,269 @@
+"""Formatter wiring on raw nats-py: StreamOpen handshake, token batches → ResponseChunk, cancel.
+
+Per-token hot path (``on_stream``): decode, look up the request, format, publish. Everything
+that decides something lives in ``request.py`` / ``detokenizer.py`` / ``chunks.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from services.formatter.config import FormatterConfig
+from services.formatter.request import RequestFormatter
+from services.formatter.tokenizer_cache import TokenizerCache
+from shared import codec
+from shared.bus import connect, no_responders, wait_for_signal
+from shared.errors import (
+    ServiceError,
+    ServiceUnavailable,
+    ShuttingDown,
+    UpstreamTimeout,
+)
+from shared.messages import (
+    Cancel,
+    RequestFailed,
+    ResponseChunk,
+    StreamOpen,
+    StreamOpened,
+    TokenBatch,
+    WorkerEvent,
+)
+from shared.registry import ModelFiles
+from shared.subjects import Subjects, request_id_of
+
+log = structlog.get_logger(__name__)
+
+QUEUE_GROUP = "formatter"
+_SHUTDOWN_POLL_S = 0.05
+
+
+class FormatterService:
+    """One formatter instance: per-request state keyed by ``request_id``."""
+
+    def __init__(
+        self,
+        config: FormatterConfig,
+        nc: Client,
+        *,
+        subjects: Subjects,
+        tokenizers: TokenizerCache,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._nc = nc
+        self._subjects = subjects
+        self._tokenizers = tokenizers
+        self._clock = clock
+        self._states: dict[str, RequestFormatter] = {}
+        self._subs: list[Subscription] = []
+        self._open_sub: Subscription | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    @property
+    def in_flight(self) -> int:
+        """Requests opened and not yet finished."""
+        return len(self._states)
+
+    async def start(self) -> None:
+        """Subscribe (stream and cancel first, so no batch for an opened stream is missed)."""
+        nc, subjects = self._nc, self._subjects
+        stream_all = subjects.stream_all(self._config.formatter_id)
+        self._subs.append(await nc.subscribe(stream_all, cb=self.on_stream))
+        self._subs.append(await nc.subscribe(subjects.cancel, cb=self.on_cancel))
+        self._open_sub = await nc.subscribe(
+            subjects.formatter_open, queue=QUEUE_GROUP, cb=self.on_open
+        )
+        await nc.flush()
+        self._spawn(self._sweep_idle(), name="formatter-idle-sweeper")
+        log.info("formatter_started", formatter_id=self._config.formatter_id)
+
+    async def stop(self) -> None:
+        """Stop taking streams, let in-flight ones finish (bounded), fail the rest."""
+        self._closing = True
+        if self._open_sub is not None:
+            await self._open_sub.unsubscribe()
+        deadline = self._clock() + self._config.shutdown_timeout_s
+        while self._states and self._clock() < deadline:
+            await asyncio.sleep(_SHUTDOWN_POLL_S)
+        for request_id in list(self._states):
+            await self._fail(request_id, ShuttingDown("the formatter is shutting down"))
+        for sub in self._subs:
+            await sub.unsubscribe()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        log.info("formatter_stopped", formatter_id=self._config.formatter_id)
+
+    # --- handlers ----------------------------------------------------------------------------
+
+    async def on_open(self, msg: Msg) -> None:
+        """StreamOpen (request/reply): create the request's state, answer where to stream."""
+        try:
+            request = codec.decode(msg.data, StreamOpen)
+        except codec.DecodeError as exc:
+            log.warning("stream_open_undecodable", error=str(exc))
+            return
+        tokenizer = self._tokenizers.peek(request.model)
+        if tokenizer is not None and not self._closing:
+            await self._open(msg, request, tokenizer)
+        else:
+            # First request for a model: load without holding up other StreamOpens.
+            self._spawn(self._open_loading(msg, request), name=f"open-{request.request_id}")
+
+    async def _open_loading(self, msg: Msg, request: StreamOpen) -> None:
+        try:
+            if self._closing:
+                raise ShuttingDown("the formatter is shutting down")
+            tokenizer = await self._tokenizers.get(request.model)
+        except ServiceError as exc:
+            log.warning("stream_open_failed", request_id=request.request_id, code=exc.code)
+            await msg.respond(codec.encode(exc.to_message(request.request_id)))
+            return
+        await self._open(msg, request, tokenizer)
+
+    async def _open(self, msg: Msg, request: StreamOpen, tokenizer: object) -> None:
+        self._states[request.request_id] = RequestFormatter(request, tokenizer, now=self._clock())
+        stream_to = self._subjects.stream(self._config.formatter_id, request.request_id)
+        await msg.respond(
+            codec.encode(StreamOpened(request_id=request.request_id, stream_to=stream_to))
+        )
+        log.debug("stream_opened", request_id=request.request_id, api=request.api)
+
+    async def on_stream(self, msg: Msg) -> None:
+        """A worker's TokenBatch or a hop's RequestFailed (or "no responders") for one request."""
+        try:
+            if msg.headers and (subject := no_responders(msg)) is not None:
+                await self._fail(
+                    request_id_of(msg.subject),
+                    ServiceUnavailable(f"no service is listening on {subject}"),
+                )
+                return
+            event: TokenBatch | RequestFailed = codec.decode(msg.data, WorkerEvent)  # type: ignore[arg-type]
+            state = self._states.get(event.request_id)
+            if state is None:
+                log.debug("event_dropped", request_id=event.request_id, reason="unknown_request")
+            elif isinstance(event, TokenBatch):
+                await self._on_batch(state, event)
+            else:
+                await self._forward_failure(state, event, msg.data)
+        except Exception:  # boundary: one bad message must not kill the sub
+            log.exception("stream_message_failed", subject=msg.subject)
+
+    async def _on_batch(self, state: RequestFormatter, batch: TokenBatch) -> None:
+        if batch.index != state.next_index:
+            log.warning(
+                "token_batch_gap",
+                request_id=batch.request_id,
+                expected=state.next_index,
+                got=batch.index,
+            )
+        try:
+            data = state.on_batch(batch, self._clock())
+        except ServiceError as exc:
+            await self._fail(batch.request_id, exc)
+            return
+        finished = state.finish_reason is not None
+        if data:
+            chunk = ResponseChunk(request_id=batch.request_id, data=data, done=finished)
+            await self._nc.publish(state.open.reply_to, codec.encode(chunk))
+        if finished:
+            del self._states[batch.request_id]
+            if state.stopped_by_string:
+                cancel = Cancel(request_id=batch.request_id, reason="stop_string")
+                await self._nc.publish(self._subjects.cancel, codec.encode(cancel))
+            self._log_finished(state)
+
+    async def _forward_failure(
+        self, state: RequestFormatter, failed: RequestFailed, raw: bytes
+    ) -> None:
+        del self._states[failed.request_id]
+        await self._nc.publish(state.open.reply_to, raw)
+        log.warning("request_failed_upstream", request_id=failed.request_id, code=failed.code)
+
+    async def on_cancel(self, msg: Msg) -> None:
+        """Broadcast Cancel: drop the request's state if this instance holds it."""
+        try:
+            cancel = codec.decode(msg.data, Cancel)
+        except codec.DecodeError as exc:
+            log.warning("cancel_undecodable", error=str(exc))
+            return
+        if self._states.pop(cancel.request_id, None) is not None:
+            log.info("request_cancelled", request_id=cancel.request_id, reason=cancel.reason)
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    async def _fail(self, request_id: str, exc: ServiceError, *, cancel: bool = True) -> None:
+        """Send ``exc`` to the request's gateway and drop its state; ``cancel`` the worker too."""
+        state = self._states.pop(request_id, None)
+        if state is None:
+            log.debug("failure_dropped", request_id=request_id, code=exc.code)
+            return
+        await self._nc.publish(state.open.reply_to, codec.encode(exc.to_message(request_id)))
+        if cancel:
+            reason = exc.code
+            await self._nc.publish(
+                self._subjects.cancel, codec.encode(Cancel(request_id=request_id, reason=reason))
+            )
+        log.warning("request_failed", request_id=request_id, code=exc.code, status=exc.http_status)
+
+    async def _sweep_idle(self) -> None:
+        timeout_s = self._config.idle_timeout_s
+        period_s = min(1.0, timeout_s / 4)
+        while True:
+            await asyncio.sleep(period_s)
+            now = self._clock()
+            idle = [rid for rid, s in self._states.items() if now - s.last_seen > timeout_s]
+            for request_id in idle:
+                error = UpstreamTimeout(f"no tokens for {timeout_s:g} s", retry_after_s=1.0)
+                try:
+                    await self._fail(request_id, error)
+                except Exception:  # the sweeper must outlive a failed publish
+                    log.exception("idle_timeout_failed", request_id=request_id)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _log_finished(self, state: RequestFormatter) -> None:
+        log.info(
+            "request_formatted",
+            request_id=state.open.request_id,
+            api=state.open.api,
+            stream=state.open.output.stream,
+            completion_tokens=state.completion_tokens,
+            finish_reason=state.finish_reason,
+            elapsed_ms=round((self._clock() - state.started_at) * 1000, 1),
+        )
+
+
+def build_service(config: FormatterConfig, nc: Client) -> FormatterService:
+    """Compose a formatter on ``nc``: tokenizers come from the model registry's object store."""
+    subjects = Subjects(config.namespace)
+    files = ModelFiles(nc.jetstream(), subjects)
+
+    async def fetch(model: str) -> bytes | None:
+        return await files.get(model, "tokenizer.json")
+
+    return FormatterService(config, nc, subjects=subjects, tokenizers=TokenizerCache(fetch))
+
+
+async def serve(config: FormatterConfig, *, stop: asyncio.Event | None = None) -> None:
+    """Run one formatter until SIGINT/SIGTERM (or ``stop``), then shut down gracefully."""
+    nc = await connect(config.nats_url, name=f"formatter-{config.formatter_id}")
+    service = build_service(config, nc)
+    await service.start()
+    try:
+        await wait_for_signal(stop)
+    finally:
+        await service.stop()
+        await nc.drain()

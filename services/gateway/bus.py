@@ -1,0 +1,232 @@
+"""GatewayBus: the gateway's NATS side — publish ``Preprocess``, demux replies per request.
+
+One wildcard subscription (``subjects.reply_all(gateway_id)``) feeds one ``asyncio.Queue`` per
+in-flight request. Every wait has a timeout; a timeout or a client disconnect publishes
+``Cancel`` so the rest of the pipeline stops work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
+
+from services.gateway.config import GatewayConfig
+from shared import codec
+from shared.bus import connect, no_responders
+from shared.errors import (
+    InternalError,
+    ModelNotFound,
+    NoWorkerAvailable,
+    ServiceError,
+    ServiceUnavailable,
+    UpstreamTimeout,
+    from_message,
+)
+from shared.messages import Cancel, GatewayEvent, ModelCard, Preprocess, ResponseChunk
+from shared.registry import ModelFiles, WorkerDirectory
+from shared.subjects import Subjects, request_id_of
+
+log = structlog.get_logger(__name__)
+
+ReplyItem = ResponseChunk | ServiceError
+NO_WORKER_RETRY_AFTER_S = 1.0
+
+
+class DuplicateRequestId(ServiceError):
+    """A client reused the ``X-Request-Id`` of a request that is still in flight here."""
+
+    code = "duplicate_request_id"
+    http_status = 409
+    error_type = "invalid_request_error"
+
+
+class Reply:
+    """The replies of one request, in arrival order. Always ``close()`` it when done."""
+
+    __slots__ = ("_bus", "_queue", "request_id")
+
+    def __init__(self, bus: GatewayBus, request_id: str, queue: asyncio.Queue[ReplyItem]) -> None:
+        self._bus = bus
+        self._queue = queue
+        self.request_id = request_id
+
+    async def next(self, timeout_s: float) -> ResponseChunk:
+        """The next chunk; raises the upstream's error, or ``UpstreamTimeout`` (and cancels)."""
+        queue = self._queue
+        if queue.empty():
+            try:
+                async with asyncio.timeout(timeout_s):
+                    item = await queue.get()
+            except TimeoutError:
+                self.cancel("timeout")
+                raise UpstreamTimeout(
+                    f"No response from upstream within {timeout_s:g}s."
+                ) from None
+        else:
+            item = queue.get_nowait()
+        if isinstance(item, ServiceError):
+            self.close()
+            raise item
+        return item
+
+    def cancel(self, reason: str) -> None:
+        """Stop listening and tell the pipeline to stop work (safe inside a cancelled task)."""
+        self._bus.cancel_soon(self.request_id, reason)
+
+    def close(self) -> None:
+        """Stop listening; late replies for this request are dropped."""
+        self._bus.forget(self.request_id)
+
+
+class GatewayBus:
+    """Owns the NATS connection, the live-worker view and the per-request reply queues."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        subjects: Subjects | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._config = config
+        self.subjects = subjects or Subjects(config.namespace)
+        self._clock = clock
+        self._nc: Client | None = None
+        self._sub: Subscription | None = None
+        self._directory: WorkerDirectory | None = None
+        self._files: ModelFiles | None = None
+        self._pending: dict[str, asyncio.Queue[ReplyItem]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect, load the worker registry, and subscribe to this gateway's replies."""
+        config = self._config
+        nc = await connect(config.nats_url, name=f"gateway-{config.gateway_id}")
+        self._nc = nc
+        js = nc.jetstream()
+        self._directory = WorkerDirectory(
+            js, self.subjects, ttl_s=config.worker_ttl_s, clock=self._clock
+        )
+        await self._directory.start()
+        self._files = ModelFiles(js, self.subjects)
+        self._sub = await nc.subscribe(self.subjects.reply_all(config.gateway_id), cb=self._on_reply)
+        await nc.flush()
+        log.info("bus_started", gateway_id=config.gateway_id, namespace=self.subjects.namespace)
+
+    async def stop(self) -> None:
+        """Flush pending cancels, stop watching the registry and drain the connection."""
+        if self._background:
+            await asyncio.wait(self._background, timeout=2)
+        if self._directory is not None:
+            await self._directory.stop()
+        if self._nc is not None and not self._nc.is_closed:
+            with contextlib.suppress(NatsError, asyncio.TimeoutError):
+                await self._nc.drain()
+        log.info("bus_stopped", in_flight=len(self._pending))
+
+    @property
+    def is_connected(self) -> bool:
+        return self._nc is not None and self._nc.is_connected
+
+    # --- models ----------------------------------------------------------------------------------
+
+    def live_models(self) -> list[str]:
+        """Models with at least one live worker, sorted."""
+        return sorted(self._directory.models()) if self._directory else []
+
+    async def check_model(self, model: str) -> None:
+        """Pass when ``model`` has a live worker; else 503 (known model) or 404 (never published)."""
+        assert self._directory is not None and self._files is not None, "start() first"
+        if self._directory.live(model):
+            return
+        if await self.model_card(model) is None:
+            raise ModelNotFound(model)
+        raise NoWorkerAvailable(
+            f"The model `{model}` has no live worker right now.",
+            retry_after_s=NO_WORKER_RETRY_AFTER_S,
+        )
+
+    async def model_card(self, model: str) -> ModelCard | None:
+        """The model's card from the object store (cached once found)."""
+        assert self._files is not None, "start() first"
+        try:
+            return await self._files.card(model)
+        except (NatsError, asyncio.TimeoutError) as exc:
+            raise ServiceUnavailable("The model registry is unavailable.") from exc
+
+    # --- request path ----------------------------------------------------------------------------
+
+    def reply_subject(self, request_id: str) -> str:
+        """Where every hop sends this request's replies."""
+        return self.subjects.reply(self._config.gateway_id, request_id)
+
+    async def submit(self, request: Preprocess) -> Reply:
+        """Start listening for the request's replies, then publish it to the preprocessors."""
+        assert self._nc is not None, "start() first"
+        request_id = request.request_id
+        if request_id in self._pending:
+            raise DuplicateRequestId(
+                f"Request id `{request_id}` is already in flight.", param="X-Request-Id"
+            )
+        queue: asyncio.Queue[ReplyItem] = asyncio.Queue()
+        self._pending[request_id] = queue
+        try:
+            await self._nc.publish(
+                self.subjects.preprocess, codec.encode(request), reply=request.reply_to
+            )
+        except NatsError as exc:
+            self.forget(request_id)
+            raise ServiceUnavailable("The message bus is unavailable.") from exc
+        return Reply(self, request_id, queue)
+
+    def forget(self, request_id: str) -> None:
+        self._pending.pop(request_id, None)
+
+    def cancel_soon(self, request_id: str, reason: str) -> None:
+        """Forget the request and publish ``Cancel`` from a task of its own.
+
+        A task, because this runs where the caller is being cancelled (client disconnect), and
+        an ``await`` there would be interrupted before the publish happened.
+        """
+        self.forget(request_id)
+        task = asyncio.get_running_loop().create_task(self._publish_cancel(request_id, reason))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _publish_cancel(self, request_id: str, reason: str) -> None:
+        if self._nc is None or self._nc.is_closed:
+            return
+        try:
+            cancel = Cancel(request_id=request_id, reason=reason)
+            await self._nc.publish(self.subjects.cancel, codec.encode(cancel))
+        except NatsError as exc:
+            log.warning("cancel_publish_failed", request_id=request_id, error=str(exc))
+            return
+        log.info("request_cancelled", request_id=request_id, reason=reason)
+
+    async def _on_reply(self, msg: Msg) -> None:
+        queue = self._pending.get(request_id_of(msg.subject))
+        if queue is None:
+            log.debug("reply_dropped", subject=msg.subject)
+            return
+        if no_responders(msg) is not None:
+            queue.put_nowait(ServiceUnavailable("No preprocessor is running."))
+            return
+        try:
+            event = codec.decode(msg.data, GatewayEvent)  # type: ignore[arg-type]
+        except codec.DecodeError as exc:
+            log.warning("reply_undecodable", subject=msg.subject, error=str(exc))
+            queue.put_nowait(InternalError("An upstream service sent an undecodable reply."))
+            return
+        queue.put_nowait(event if isinstance(event, ResponseChunk) else from_message(event))
+

@@ -1,0 +1,168 @@
+"""Pure core: a ``Preprocess`` request + the model's assets → token ids and resolved sampling.
+
+Also builds the outgoing ``StreamOpen`` and ``Generate`` messages. Every expected failure is a
+typed ``ServiceError``; nothing here logs or touches the bus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from services.preprocessor import chat_template
+from services.preprocessor.tokenizer import ModelAssets
+from shared.errors import ContextLengthExceeded, InvalidRequest
+from shared.messages import Generate, Preprocess, SamplingParams, StreamOpen
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A request ready for the engine."""
+
+    token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    prompt_text: str = ""
+    """The text to echo back (``output.echo`` only)."""
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def prepare(req: Preprocess, assets: ModelAssets) -> Prepared:
+    """Template, tokenize, check the context length and resolve sampling for one request."""
+    if req.api == "chat":
+        messages = chat_template.normalize_messages(req.messages)
+        token_ids = tuple(assets.encode(render_chat(req, messages, assets), add_special_tokens=False))
+        echo = _chat_echo(req, messages) if req.output.echo else ""
+    elif req.prompt_token_ids is not None:
+        token_ids = check_token_ids(req.prompt_token_ids, assets.vocab_size)
+        echo = assets.decode(token_ids) if req.output.echo else ""
+    elif req.prompt is not None:
+        token_ids = tuple(assets.encode(req.prompt, add_special_tokens=True))
+        echo = req.prompt if req.output.echo else ""
+    else:
+        raise InvalidRequest("a completion needs a prompt or prompt_token_ids", param="prompt")
+    if not token_ids:
+        raise InvalidRequest("the prompt cannot be empty", param=_prompt_param(req))
+    max_tokens = resolve_max_tokens(req.max_tokens, len(token_ids), assets.context_length)
+    if req.sampling.min_tokens > max_tokens:
+        raise InvalidRequest(
+            f"min_tokens ({req.sampling.min_tokens}) must be at most max_tokens ({max_tokens})",
+            param="min_tokens",
+        )
+    stop_ids = resolve_stop_token_ids(
+        req.sampling.stop_token_ids, assets.eos_token_ids, ignore_eos=req.sampling.ignore_eos
+    )
+    sampling = msgspec.structs.replace(
+        req.sampling, max_tokens=max_tokens, stop_token_ids=stop_ids
+    )
+    return Prepared(token_ids=token_ids, sampling=sampling, prompt_text=echo)
+
+
+def render_chat(
+    req: Preprocess, messages: Sequence[dict[str, Any]], assets: ModelAssets
+) -> str:
+    """The prompt text of a chat request, rendered with the model's template."""
+    if not messages:
+        raise InvalidRequest("messages must not be empty", param="messages")
+    source = chat_template.select_template(assets.chat_templates, has_tools=bool(req.tools))
+    return chat_template.render(
+        source,
+        messages,
+        tools=req.tools,
+        add_generation_prompt=req.add_generation_prompt,
+        continue_final_message=req.continue_final_message,
+        special_tokens=assets.special_tokens,
+        template_kwargs=req.chat_template_kwargs,
+    )
+
+
+def resolve_max_tokens(requested: int | None, prompt_tokens: int, context_length: int) -> int:
+    """The client's ``max_tokens``, or all the room left in the context (vLLM's default).
+
+    Raises:
+        InvalidRequest: ``requested`` < 1.
+        ContextLengthExceeded: the prompt plus the completion do not fit.
+    """
+    if requested is not None and requested < 1:
+        raise InvalidRequest(f"max_tokens must be at least 1, got {requested}", param="max_tokens")
+    # With no max_tokens, at least one completion token must fit.
+    completion = requested if requested is not None else 1
+    if prompt_tokens + completion > context_length:
+        raise ContextLengthExceeded(
+            limit=context_length, requested=prompt_tokens + completion, prompt_tokens=prompt_tokens
+        )
+    return requested if requested is not None else context_length - prompt_tokens
+
+
+def resolve_stop_token_ids(
+    client: Sequence[int], eos: Sequence[int], *, ignore_eos: bool
+) -> tuple[int, ...]:
+    """The client's stop ids, then the model's EOS ids unless ``ignore_eos``; no duplicates."""
+    merged = [*client, *(() if ignore_eos else eos)]
+    return tuple(dict.fromkeys(merged))
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
+    """``ids`` as given, or 400 when one is outside the vocabulary."""
+    for token_id in ids:
+        if not 0 <= token_id < vocab_size:
+            raise InvalidRequest(f"token id {token_id} is out of vocabulary", param="prompt")
+    return tuple(ids)
+
+
+def stream_open(req: Preprocess, prepared: Prepared) -> StreamOpen:
+    """What the formatter needs to shape this request's output."""
+    return StreamOpen(
+        request_id=req.request_id,
+        api=req.api,
+        model=req.model,
+        reply_to=req.reply_to,
+        created=req.created,
+        prompt_tokens=prepared.prompt_tokens,
+        output=req.output,
+        max_tokens=prepared.sampling.max_tokens,
+        prompt_text=prepared.prompt_text,
+    )
+
+
+def generate(req: Preprocess, prepared: Prepared, stream_to: str) -> Generate:
+    """The unrouted ``Generate`` for the routers."""
+    return Generate(
+        request_id=req.request_id,
+        model=req.model,
+        token_ids=prepared.token_ids,
+        sampling=prepared.sampling,
+        stream_to=stream_to,
+    )
+
+
+def prompt_chars(req: Preprocess) -> int:
+    """A cheap size estimate of the text to tokenize (decides whether to leave the loop)."""
+    if req.api == "completion":
+        return len(req.prompt or "")
+    total = 0
+    for message in req.messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(str(p.get("text", ""))) for p in content if isinstance(p, dict))
+    return total
+
+
+def _chat_echo(req: Preprocess, messages: Sequence[dict[str, Any]]) -> str:
+    # vLLM echoes the last message when its role is the role of the reply.
+    if not messages:
+        return ""
+    last = messages[-1]
+    role = "assistant" if req.add_generation_prompt else last["role"]
+    return str(last["content"]) if last["role"] == role else ""
+
+
+def _prompt_param(req: Preprocess) -> str:
+    return "messages" if req.api == "chat" else "prompt"
