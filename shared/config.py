@@ -26,7 +26,7 @@ def env(name: str, default: T) -> T:
     if isinstance(default, bool):
         return raw.strip().lower() in _TRUE
     if isinstance(default, Path):
-        return cast(T, Path(raw))
+        return Path(raw)
     return cast(T, _PARSERS[type(default)](raw))
 
 

@@ -57,7 +57,8 @@ async def models_store(js: JetStreamContext, subjects: Subjects) -> ObjectStore:
         return await js.object_store(subjects.models_store)
     except (BucketNotFoundError, NotFoundError):
         config = ObjectStoreConfig(bucket=subjects.models_store, storage=StorageType.FILE)
-        return await js.create_object_store(config=config)
+        # nats-py overwrites config.bucket with the ``bucket`` argument, so pass both.
+        return await js.create_object_store(subjects.models_store, config=config)
 
 
 # --- pure core -----------------------------------------------------------------------------------

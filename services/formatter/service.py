@@ -7,6 +7,7 @@ that decides something lives in ``request.py`` / ``detokenizer.py`` / ``chunks.p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -42,7 +43,6 @@ from shared.subjects import Subjects, request_id_of
 log = structlog.get_logger(__name__)
 
 QUEUE_GROUP = "formatter"
-_SHUTDOWN_POLL_S = 0.05
 
 
 class FormatterService:
@@ -67,6 +67,8 @@ class FormatterService:
         self._open_sub: Subscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._drained = asyncio.Event()
+        """Set, while closing, once the last in-flight request is gone."""
 
     @property
     def in_flight(self) -> int:
@@ -91,9 +93,10 @@ class FormatterService:
         self._closing = True
         if self._open_sub is not None:
             await self._open_sub.unsubscribe()
-        deadline = self._clock() + self._config.shutdown_timeout_s
-        while self._states and self._clock() < deadline:
-            await asyncio.sleep(_SHUTDOWN_POLL_S)
+        if self._states:
+            log.info("formatter_draining", in_flight=len(self._states))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), self._config.shutdown_timeout_s)
         for request_id in list(self._states):
             await self._fail(request_id, ShuttingDown("the formatter is shutting down"))
         for sub in self._subs:
@@ -147,7 +150,8 @@ class FormatterService:
                     ServiceUnavailable(f"no service is listening on {subject}"),
                 )
                 return
-            event: TokenBatch | RequestFailed = codec.decode(msg.data, WorkerEvent)  # type: ignore[arg-type]
+            # WorkerEvent is a union, not a class: codec.decode's type[T] cannot name it.
+            event: WorkerEvent = codec.decode(msg.data, WorkerEvent)  # type: ignore[arg-type]
             state = self._states.get(event.request_id)
             if state is None:
                 log.debug("event_dropped", request_id=event.request_id, reason="unknown_request")
@@ -176,7 +180,7 @@ class FormatterService:
             chunk = ResponseChunk(request_id=batch.request_id, data=data, done=finished)
             await self._nc.publish(state.open.reply_to, codec.encode(chunk))
         if finished:
-            del self._states[batch.request_id]
+            self._drop(batch.request_id)
             if state.stopped_by_string:
                 cancel = Cancel(request_id=batch.request_id, reason="stop_string")
                 await self._nc.publish(self._subjects.cancel, codec.encode(cancel))
@@ -185,7 +189,7 @@ class FormatterService:
     async def _forward_failure(
         self, state: RequestFormatter, failed: RequestFailed, raw: bytes
     ) -> None:
-        del self._states[failed.request_id]
+        self._drop(failed.request_id)
         await self._nc.publish(state.open.reply_to, raw)
         log.warning("request_failed_upstream", request_id=failed.request_id, code=failed.code)
 
@@ -196,14 +200,21 @@ class FormatterService:
         except codec.DecodeError as exc:
             log.warning("cancel_undecodable", error=str(exc))
             return
-        if self._states.pop(cancel.request_id, None) is not None:
+        if self._drop(cancel.request_id) is not None:
             log.info("request_cancelled", request_id=cancel.request_id, reason=cancel.reason)
 
     # --- helpers -----------------------------------------------------------------------------
 
+    def _drop(self, request_id: str) -> RequestFormatter | None:
+        """Forget a request (finished, failed or cancelled)."""
+        state = self._states.pop(request_id, None)
+        if self._closing and not self._states:
+            self._drained.set()
+        return state
+
     async def _fail(self, request_id: str, exc: ServiceError, *, cancel: bool = True) -> None:
         """Send ``exc`` to the request's gateway and drop its state; ``cancel`` the worker too."""
-        state = self._states.pop(request_id, None)
+        state = self._drop(request_id)
         if state is None:
             log.debug("failure_dropped", request_id=request_id, code=exc.code)
             return

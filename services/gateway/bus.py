@@ -19,6 +19,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from services.gateway.config import GatewayConfig
+from services.gateway.errors import DuplicateRequestId
 from shared import codec
 from shared.bus import connect, no_responders
 from shared.errors import (
@@ -40,14 +41,6 @@ ReplyItem = ResponseChunk | ServiceError
 NO_WORKER_RETRY_AFTER_S = 1.0
 
 
-class DuplicateRequestId(ServiceError):
-    """A client reused the ``X-Request-Id`` of a request that is still in flight here."""
-
-    code = "duplicate_request_id"
-    http_status = 409
-    error_type = "invalid_request_error"
-
-
 class Reply:
     """The replies of one request, in arrival order. Always ``close()`` it when done."""
 
@@ -67,9 +60,7 @@ class Reply:
                     item = await queue.get()
             except TimeoutError:
                 self.cancel("timeout")
-                raise UpstreamTimeout(
-                    f"No response from upstream within {timeout_s:g}s."
-                ) from None
+                raise UpstreamTimeout(f"No response from upstream within {timeout_s:g}s.") from None
         else:
             item = queue.get_nowait()
         if isinstance(item, ServiceError):
@@ -119,7 +110,9 @@ class GatewayBus:
         )
         await self._directory.start()
         self._files = ModelFiles(js, self.subjects)
-        self._sub = await nc.subscribe(self.subjects.reply_all(config.gateway_id), cb=self._on_reply)
+        self._sub = await nc.subscribe(
+            self.subjects.reply_all(config.gateway_id), cb=self._on_reply
+        )
         await nc.flush()
         log.info("bus_started", gateway_id=config.gateway_id, namespace=self.subjects.namespace)
 
@@ -130,7 +123,7 @@ class GatewayBus:
         if self._directory is not None:
             await self._directory.stop()
         if self._nc is not None and not self._nc.is_closed:
-            with contextlib.suppress(NatsError, asyncio.TimeoutError):
+            with contextlib.suppress(NatsError, TimeoutError):
                 await self._nc.drain()
         log.info("bus_stopped", in_flight=len(self._pending))
 
@@ -145,8 +138,8 @@ class GatewayBus:
         return sorted(self._directory.models()) if self._directory else []
 
     async def check_model(self, model: str) -> None:
-        """Pass when ``model`` has a live worker; else 503 (known model) or 404 (never published)."""
-        assert self._directory is not None and self._files is not None, "start() first"
+        """Pass when ``model`` has a live worker; else 503 (known) or 404 (never published)."""
+        assert self._directory is not None, "start() first"
         if self._directory.live(model):
             return
         if await self.model_card(model) is None:
@@ -161,7 +154,7 @@ class GatewayBus:
         assert self._files is not None, "start() first"
         try:
             return await self._files.card(model)
-        except (NatsError, asyncio.TimeoutError) as exc:
+        except (NatsError, TimeoutError) as exc:
             raise ServiceUnavailable("The model registry is unavailable.") from exc
 
     # --- request path ----------------------------------------------------------------------------
@@ -223,10 +216,9 @@ class GatewayBus:
             queue.put_nowait(ServiceUnavailable("No preprocessor is running."))
             return
         try:
-            event = codec.decode(msg.data, GatewayEvent)  # type: ignore[arg-type]
+            event: GatewayEvent = codec.decode(msg.data, GatewayEvent)  # type: ignore[arg-type]
         except codec.DecodeError as exc:
             log.warning("reply_undecodable", subject=msg.subject, error=str(exc))
             queue.put_nowait(InternalError("An upstream service sent an undecodable reply."))
             return
         queue.put_nowait(event if isinstance(event, ResponseChunk) else from_message(event))
-

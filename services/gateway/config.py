@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import secrets
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from shared.config import CommonConfig, add_common_options, env, env_help
 from shared.registry import DEFAULT_WORKER_TTL_S
@@ -89,9 +90,10 @@ class GatewayConfig(CommonConfig):
             parser.error(str(exc))
 
 
-def _option(
-    parser: argparse.ArgumentParser, flag: str, var: str, default: str | int | float, text: str
-) -> None:
+_V = TypeVar("_V", str, int, float)
+
+
+def _option(parser: argparse.ArgumentParser, flag: str, var: str, default: _V, text: str) -> None:
     parser.add_argument(
         flag, type=type(default), default=env(var, default), help=env_help(text, var)
     )

@@ -175,7 +175,7 @@ def _join_text_parts(index: int, parts: list[Any]) -> str:
     for j, part in enumerate(parts):
         if part.type != "text" or part.text is None:
             raise InvalidRequest(
-                "Only text content parts (`{\"type\": \"text\", \"text\": ...}`) are supported.",
+                'Only text content parts (`{"type": "text", "text": ...}`) are supported.',
                 param=f"messages[{index}].content[{j}]",
             )
         texts.append(part.text)

@@ -7,6 +7,7 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from shared.config import CommonConfig, add_common_options, env, env_help
 from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
@@ -14,6 +15,7 @@ from shared.registry import DEFAULT_WORKER_TTL_S
 from shared.subjects import check_token
 
 _P = "JETSERVE_MOCKER_"
+_T = TypeVar("_T", str, int, float)
 
 
 def default_model_dir() -> Path:
@@ -79,11 +81,13 @@ class MockerConfig(CommonConfig):
         )
         add_common_options(parser, service="mocker")
 
-        def opt(flag: str, default: str | int | float, text: str) -> None:
+        def opt(flag: str, default: _T, text: str) -> None:
             var = _P + flag.removeprefix("--").replace("-", "_").upper()
             parser.add_argument(
                 flag, type=type(default), default=env(var, default), help=env_help(text, var)
             )
+
+        ttl_default = env("JETSERVE_WORKER_TTL_S", DEFAULT_WORKER_TTL_S)
 
         opt("--model-path", "", "Local model directory (empty = bundled Qwen3 in the cache)")
         opt("--model-name", DEFAULT_MODEL_NAME, "Served model name")
@@ -95,7 +99,11 @@ class MockerConfig(CommonConfig):
         opt("--max-num-batched-tokens", 8192, "Token budget per engine step")
         opt("--block-size", 16, "KV block size in tokens")
         opt("--num-gpu-blocks-override", 16384, "Simulated KV cache size in blocks")
-        opt("--worker-ttl-s", DEFAULT_WORKER_TTL_S, "Worker card TTL (heartbeat every TTL/3)")
+        opt(
+            "--worker-ttl-s",
+            ttl_default,
+            "Worker card TTL, heartbeat every TTL/3 (falls back to JETSERVE_WORKER_TTL_S)",
+        )
         opt("--context-length", 0, "Context length override (0 = from the model)")
         opt("--shutdown-grace-s", 10.0, "On SIGTERM, time to finish in-flight requests")
         args = vars(parser.parse_args(argv))

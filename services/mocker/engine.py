@@ -226,7 +226,9 @@ class Engine:
             n = min(len(seq.prompt) - seq.num_computed, budget) if seq.is_prefilling else 1
             scheduled.append((seq, n))
             budget -= n
-        used_blocks = sum(self._blocks_for(len(s.prompt) + len(s.output) + 1) for s in self._running)
+        used_blocks = sum(
+            self._blocks_for(len(s.prompt) + len(s.output) + 1) for s in self._running
+        )
         while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
             seq = self._waiting[0]
             need = self._blocks_for(len(seq.prompt) + 1)

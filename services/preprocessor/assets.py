@@ -31,6 +31,9 @@ class FileSource(Protocol):
 
     async def get(self, model: str, file: str) -> bytes | None: ...
 
+    def forget(self, model: str) -> None:
+        """Drop any cached bytes of ``model`` (we keep the parsed tokenizer instead)."""
+
 
 async def _to_thread(build: Callable[[], ModelAssets]) -> ModelAssets:
     return await asyncio.to_thread(build)
@@ -73,6 +76,13 @@ class AssetCache:
         # shield: one waiter giving up must not cancel the load the others wait on.
         return await asyncio.shield(task)
 
+    async def close(self) -> None:
+        """Cancel loads still running (at shutdown, when no request waits for them)."""
+        tasks = list(self._loading.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def loaded(self) -> list[str]:
         """Names of the models whose assets are in memory, least recently used first."""
         return list(self._ready)
@@ -89,6 +99,7 @@ class AssetCache:
         assets = await self._offload(
             lambda: load_assets(card, files, max_model_len=self._max_model_len)
         )
+        self._files.forget(model)  # ~11 MB of tokenizer.json per model, now parsed
         log.info(
             "model_assets_loaded",
             model=model,

@@ -106,7 +106,9 @@ def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list | tuple):
-        raise InvalidRequest("message content must be a string or a list of parts", param="messages")
+        raise InvalidRequest(
+            "message content must be a string or a list of parts", param="messages"
+        )
     texts: list[str] = []
     for part in content:
         if isinstance(part, str):

@@ -1,4 +1,4 @@
-"""Preprocessor configuration: CLI flags, each falling back to a ``JETSERVE_PREPROCESSOR_*`` env var."""
+"""Preprocessor configuration: CLI flags falling back to ``JETSERVE_PREPROCESSOR_*`` env vars."""
 
 from __future__ import annotations
 

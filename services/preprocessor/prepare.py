@@ -36,7 +36,9 @@ def prepare(req: Preprocess, assets: ModelAssets) -> Prepared:
     """Template, tokenize, check the context length and resolve sampling for one request."""
     if req.api == "chat":
         messages = chat_template.normalize_messages(req.messages)
-        token_ids = tuple(assets.encode(render_chat(req, messages, assets), add_special_tokens=False))
+        token_ids = tuple(
+            assets.encode(render_chat(req, messages, assets), add_special_tokens=False)
+        )
         echo = _chat_echo(req, messages) if req.output.echo else ""
     elif req.prompt_token_ids is not None:
         token_ids = check_token_ids(req.prompt_token_ids, assets.vocab_size)
@@ -57,15 +59,11 @@ def prepare(req: Preprocess, assets: ModelAssets) -> Prepared:
     stop_ids = resolve_stop_token_ids(
         req.sampling.stop_token_ids, assets.eos_token_ids, ignore_eos=req.sampling.ignore_eos
     )
-    sampling = msgspec.structs.replace(
-        req.sampling, max_tokens=max_tokens, stop_token_ids=stop_ids
-    )
+    sampling = msgspec.structs.replace(req.sampling, max_tokens=max_tokens, stop_token_ids=stop_ids)
     return Prepared(token_ids=token_ids, sampling=sampling, prompt_text=echo)
 
 
-def render_chat(
-    req: Preprocess, messages: Sequence[dict[str, Any]], assets: ModelAssets
-) -> str:
+def render_chat(req: Preprocess, messages: Sequence[dict[str, Any]], assets: ModelAssets) -> str:
     """The prompt text of a chat request, rendered with the model's template."""
     if not messages:
         raise InvalidRequest("messages must not be empty", param="messages")

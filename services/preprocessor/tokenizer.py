@@ -64,7 +64,9 @@ class ModelAssets:
         return text
 
 
-def load_assets(card: ModelCard, files: Mapping[str, bytes], *, max_model_len: int = 0) -> ModelAssets:
+def load_assets(
+    card: ModelCard, files: Mapping[str, bytes], *, max_model_len: int = 0
+) -> ModelAssets:
     """Build a model's assets from its card and registry files; compile its templates.
 
     Raises:
@@ -75,7 +77,7 @@ def load_assets(card: ModelCard, files: Mapping[str, bytes], *, max_model_len: i
         raise InternalError(f"model {card.model!r} has no tokenizer.json in the registry")
     try:
         tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
-    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception on bad JSON
+    except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
         raise InternalError(f"model {card.model!r} has an unreadable tokenizer.json") from exc
     tok_config = _json_object(files.get(TOKENIZER_CONFIG))
     templates = chat_templates(tok_config)

@@ -1,0 +1,1 @@
+"""The router: picks a live worker for each ``Generate`` and forwards it there."""

@@ -1,0 +1,619 @@
+"""The gateway in-process (uvicorn) against real NATS, with a fake preprocessor+formatter.
+
+The fake downstream is raw nats-py: it takes ``Preprocess`` from ``subjects.preprocess`` and
+answers on its ``reply_to`` with ``ResponseChunk``/``RequestFailed``, as the real pipeline does.
+Clients are the real ``openai.AsyncOpenAI`` SDK and httpx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import msgspec
+import openai
+import pytest
+import uvicorn
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from services.gateway.app import create_app
+from services.gateway.bus import GatewayBus
+from services.gateway.config import GatewayConfig
+from shared import codec
+from shared.messages import (
+    Cancel,
+    ModelCard,
+    Preprocess,
+    RequestFailed,
+    ResponseChunk,
+    WorkerCard,
+)
+from shared.registry import WorkerRegistration, publish_model
+from shared.subjects import Subjects
+from tests.support import free_port
+
+MODEL = "mock-model"
+WAIT_S = 5.0
+REQUEST_TIMEOUT_S = 1.0
+
+Send = Callable[[msgspec.Struct], Awaitable[None]]
+Script = Callable[[Preprocess, Send], Awaitable[None]]
+
+
+# --- fakes and fixtures --------------------------------------------------------------------------
+
+
+def sse(payload: dict[str, object]) -> bytes:
+    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
+
+
+def chat_chunk(content: str | None, finish: str | None = None) -> bytes:
+    delta = {} if content is None else {"content": content}
+    return sse(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": MODEL,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+    )
+
+
+def chat_body(content: str) -> bytes:
+    return msgspec.json.encode(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": MODEL,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        }
+    )
+
+
+def completion_chunk(text: str, finish: str | None = None) -> bytes:
+    return sse(
+        {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "created": 0,
+            "model": MODEL,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+        }
+    )
+
+
+class FakeDownstream:
+    """Stands in for preprocessor + formatter: answers each ``Preprocess`` with ``script``."""
+
+    def __init__(self, nc: Client, subjects: Subjects) -> None:
+        self._nc = nc
+        self._subjects = subjects
+        self.script: Script = _hello_world
+        self.seen: asyncio.Queue[Preprocess] = asyncio.Queue()
+        self.release = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        await self._nc.subscribe(self._subjects.preprocess, queue="preprocessor", cb=self._on)
+        await self._nc.flush()
+
+    async def _on(self, msg: Msg) -> None:
+        request = codec.decode(msg.data, Preprocess)
+        self.seen.put_nowait(request)
+
+        async def send(message: msgspec.Struct) -> None:
+            await self._nc.publish(request.reply_to, codec.encode(message))
+            await self._nc.flush()
+
+        task = asyncio.create_task(self.script(request, send))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def next_request(self) -> Preprocess:
+        return await asyncio.wait_for(self.seen.get(), WAIT_S)
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _hello_world(request: Preprocess, send: Send) -> None:
+    rid = request.request_id
+    if request.api == "completion":
+        frames = [completion_chunk("Hello"), completion_chunk(" world", "stop") + b"data: [DONE]\n\n"]
+    else:
+        frames = [chat_chunk("Hello"), chat_chunk(" world", "stop") + b"data: [DONE]\n\n"]
+    if not request.output.stream:
+        await send(ResponseChunk(request_id=rid, data=chat_body("Hello world"), done=True))
+        return
+    for i, frame in enumerate(frames):
+        await send(ResponseChunk(request_id=rid, data=frame, done=i == len(frames) - 1))
+
+
+@dataclass
+class Gateway:
+    config: GatewayConfig
+    server: uvicorn.Server
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.config.http_port}"
+
+
+@pytest.fixture
+async def gateway(nats_url: str, subjects: Subjects) -> AsyncIterator[Gateway]:
+    """The real gateway app under uvicorn (httptools) on a free port, in this event loop."""
+    config = GatewayConfig(
+        nats_url=nats_url,
+        namespace=subjects.namespace,
+        http_port=free_port(),
+        request_timeout_s=REQUEST_TIMEOUT_S,
+        stream_idle_timeout_s=REQUEST_TIMEOUT_S,
+        gateway_id="gw1",
+    )
+    app = create_app(config, bus=GatewayBus(config))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=config.http_port,
+            http="httptools",
+            ws="none",
+            lifespan="on",
+            log_config=None,
+            access_log=False,
+        )
+    )
+    task = asyncio.create_task(server.serve())
+    await _until(lambda: server.started or task.done(), "uvicorn to start")
+    assert server.started, "gateway failed to start"
+    try:
+        yield Gateway(config, server)
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, WAIT_S * 2)
+
+
+@pytest.fixture
+async def model_card(nc: Client, subjects: Subjects, tmp_path: Path) -> None:
+    """``MODEL`` is known: its card is in the models object store."""
+    await publish_model(nc.jetstream(), subjects, ModelCard(model=MODEL, context_length=4096), tmp_path)
+
+
+@pytest.fixture
+async def worker(nc: Client, subjects: Subjects, model_card: None) -> AsyncIterator[None]:
+    """One live worker card for ``MODEL`` in the workers bucket."""
+    registration = WorkerRegistration(
+        nc.jetstream(), subjects, WorkerCard(worker_id="w1", model=MODEL)
+    )
+    await registration.start()
+    try:
+        yield
+    finally:
+        await registration.stop()
+
+
+@pytest.fixture
+async def downstream(nc: Client, subjects: Subjects) -> AsyncIterator[FakeDownstream]:
+    fake = FakeDownstream(nc, subjects)
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+@pytest.fixture
+async def http(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=gateway.base_url, timeout=WAIT_S) as client:
+        yield client
+
+
+@pytest.fixture
+async def ready(
+    gateway: Gateway, worker: None, downstream: FakeDownstream, http: httpx.AsyncClient
+) -> FakeDownstream:
+    """A gateway that sees a live model, with the fake downstream answering."""
+    await _until_ok(http, "/health")
+    return downstream
+
+
+@pytest.fixture
+async def client(gateway: Gateway) -> AsyncIterator[openai.AsyncOpenAI]:
+    api = openai.AsyncOpenAI(
+        base_url=f"{gateway.base_url}/v1", api_key="unused", timeout=WAIT_S, max_retries=0
+    )
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+@pytest.fixture
+async def cancels(nc: Client, subjects: Subjects) -> asyncio.Queue[Cancel]:
+    """Every ``Cancel`` broadcast in this namespace."""
+    queue: asyncio.Queue[Cancel] = asyncio.Queue()
+
+    async def on_cancel(msg: Msg) -> None:
+        queue.put_nowait(codec.decode(msg.data, Cancel))
+
+    await nc.subscribe(subjects.cancel, cb=on_cancel)
+    await nc.flush()
+    return queue
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def _until_ok(http: httpx.AsyncClient, path: str) -> httpx.Response:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        response = await http.get(path)
+        if response.status_code == 200:
+            return response
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} still answers {response.status_code}: {response.text}")
+        await asyncio.sleep(0.02)
+
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def error_of(response: httpx.Response) -> dict[str, object]:
+    body = response.json()
+    assert set(body) == {"error"}
+    error: dict[str, object] = body["error"]
+    return error
+
+
+# --- happy paths ---------------------------------------------------------------------------------
+
+
+async def test_streamed_chat_reaches_the_openai_client_chunk_by_chunk(
+    ready: FakeDownstream, client: openai.AsyncOpenAI
+) -> None:
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True
+    )
+    chunks = [chunk async for chunk in stream]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Hello world"
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+async def test_non_streamed_chat_returns_the_formatters_json_body(
+    ready: FakeDownstream, client: openai.AsyncOpenAI
+) -> None:
+    completion = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8
+    )
+    assert completion.choices[0].message.content == "Hello world"
+    assert completion.usage is not None
+    assert completion.usage.total_tokens == 5
+
+
+async def test_streamed_completion_reaches_the_openai_client(
+    ready: FakeDownstream, client: openai.AsyncOpenAI
+) -> None:
+    stream = await client.completions.create(model=MODEL, prompt="Say", max_tokens=4, stream=True)
+    assert "".join([c.choices[0].text async for c in stream]) == "Hello world"
+
+
+async def test_streamed_bytes_pass_through_unchanged_with_sse_headers(
+    ready: FakeDownstream, http: httpx.AsyncClient
+) -> None:
+    response = await http.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.headers["cache-control"] == "no-cache"
+    expected = chat_chunk("Hello") + chat_chunk(" world", "stop") + b"data: [DONE]\n\n"
+    assert response.content == expected
+
+
+async def test_preprocess_carries_the_validated_request_and_the_request_id(
+    ready: FakeDownstream, http: httpx.AsyncClient, subjects: Subjects
+) -> None:
+    body = {
+        **CHAT,
+        "temperature": 0.5,
+        "max_completion_tokens": 7,
+        "stop": "END",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "top_k": 5,
+        "ignore_eos": True,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    response = await http.post("/v1/chat/completions", json=body, headers={"X-Request-Id": "abc-1"})
+    request = await ready.next_request()
+    assert response.headers["x-request-id"] == "abc-1"
+    assert (request.request_id, request.api, request.model) == ("abc-1", "chat", MODEL)
+    assert request.reply_to == subjects.reply("gw1", "abc-1")
+    assert request.messages == ({"role": "user", "content": "hi"},)
+    assert request.max_tokens == 7
+    assert (request.sampling.temperature, request.sampling.top_k) == (0.5, 5)
+    assert request.sampling.ignore_eos
+    assert request.output.stop == ("END",)
+    assert request.output.include_usage
+    assert request.chat_template_kwargs == {"enable_thinking": False}
+
+
+async def test_invalid_request_id_header_is_replaced_by_a_fresh_one(
+    ready: FakeDownstream, http: httpx.AsyncClient
+) -> None:
+    response = await http.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "a.b"})
+    request = await ready.next_request()
+    assert response.headers["x-request-id"] == request.request_id != "a.b"
+
+
+async def test_models_lists_the_model_with_a_live_worker(
+    ready: FakeDownstream, client: openai.AsyncOpenAI
+) -> None:
+    models = [m async for m in client.models.list()]
+    assert [(m.id, m.object, m.owned_by) for m in models] == [(MODEL, "model", "jetserve")]
+
+
+async def test_health_is_ok_once_a_model_is_live(
+    ready: FakeDownstream, http: httpx.AsyncClient
+) -> None:
+    response = await http.get("/health")
+    assert response.json() == {"status": "ok", "models": [MODEL]}
+
+
+async def test_health_is_503_and_live_is_200_without_any_worker(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    health, live = await http.get("/health"), await http.get("/live")
+    assert (health.status_code, health.json()["reason"]) == (503, "no_live_model")
+    assert live.status_code == 200
+
+
+async def test_accepted_connections_have_tcp_nodelay(
+    ready: FakeDownstream, gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """A kept-alive client would otherwise stall ~40 ms on delayed ACKs."""
+    await http.get("/live")
+    sockets = [c.transport.get_extra_info("socket") for c in gateway.server.server_state.connections]
+    assert sockets
+    assert all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
+
+
+# --- request errors ------------------------------------------------------------------------------
+
+
+async def test_malformed_json_is_400(ready: FakeDownstream, http: httpx.AsyncClient) -> None:
+    response = await http.post(
+        "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert error_of(response)["type"] == "invalid_request_error"
+
+
+async def test_wrong_field_type_is_400_naming_the_field(
+    ready: FakeDownstream, http: httpx.AsyncClient
+) -> None:
+    response = await http.post("/v1/chat/completions", json={**CHAT, "max_tokens": "many"})
+    assert (response.status_code, error_of(response)["param"]) == (400, "max_tokens")
+
+
+async def test_temperature_out_of_range_is_400_through_the_openai_client(
+    ready: FakeDownstream, client: openai.AsyncOpenAI
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], temperature=3
+        )
+    assert caught.value.param == "temperature"
+
+
+async def test_empty_messages_is_400(ready: FakeDownstream, http: httpx.AsyncClient) -> None:
+    response = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": []})
+    assert (response.status_code, error_of(response)["param"]) == (400, "messages")
+
+
+async def test_unknown_model_is_404(ready: FakeDownstream, client: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        await client.chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert caught.value.code == "model_not_found"
+
+
+async def test_known_model_without_live_worker_is_503_with_retry_after(
+    gateway: Gateway, model_card: None, downstream: FakeDownstream, http: httpx.AsyncClient
+) -> None:
+    response = await http.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    assert error_of(response)["code"] == "no_worker_available"
+
+
+async def test_no_preprocessor_running_is_503(
+    gateway: Gateway, worker: None, http: httpx.AsyncClient
+) -> None:
+    await _until_ok(http, "/health")
+    response = await http.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 503
+    assert "preprocessor" in str(error_of(response)["message"])
+    assert "retry-after" in response.headers
+
+
+async def test_silent_downstream_is_504_within_the_timeout_and_cancels(
+    ready: FakeDownstream, http: httpx.AsyncClient, cancels: asyncio.Queue[Cancel]
+) -> None:
+    async def silent(request: Preprocess, send: Send) -> None:
+        return None
+
+    ready.script = silent
+    started = time.monotonic()
+    response = await http.post("/v1/chat/completions", json=CHAT)
+    elapsed = time.monotonic() - started
+    cancel = await asyncio.wait_for(cancels.get(), WAIT_S)
+    assert (response.status_code, error_of(response)["code"]) == (504, "timeout")
+    assert REQUEST_TIMEOUT_S <= elapsed < REQUEST_TIMEOUT_S + 2
+    assert (cancel.request_id, cancel.reason) == (response.headers["x-request-id"], "timeout")
+
+
+async def test_early_request_failed_becomes_its_http_status(
+    ready: FakeDownstream, http: httpx.AsyncClient
+) -> None:
+    async def too_long(request: Preprocess, send: Send) -> None:
+        failed = RequestFailed(
+            request_id=request.request_id,
+            code="context_length_exceeded",
+            message="too long",
+            status=400,
+            param="messages",
+        )
+        await send(failed)
+
+    ready.script = too_long
+    response = await http.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert response.status_code == 400
+    assert error_of(response) == {
+        "message": "too long",
+        "type": "invalid_request_error",
+        "code": "context_length_exceeded",
+        "param": "messages",
+    }
+
+
+async def test_failure_after_streaming_started_ends_with_error_event_and_done(
+    ready: FakeDownstream, http: httpx.AsyncClient
+) -> None:
+    async def fails_midway(request: Preprocess, send: Send) -> None:
+        await send(ResponseChunk(request_id=request.request_id, data=chat_chunk("Hel")))
+        await send(
+            RequestFailed(request_id=request.request_id, code="worker_lost", message="gone")
+        )
+
+    ready.script = fails_midway
+    response = await http.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    frames = response.content.split(b"\n\n")
+    assert response.status_code == 200
+    assert msgspec.json.decode(frames[1][len(b"data: ") :])["error"]["code"] == "worker_lost"
+    assert frames[2:] == [b"data: [DONE]", b""]
+
+
+async def test_client_disconnect_mid_stream_publishes_cancel(
+    ready: FakeDownstream, http: httpx.AsyncClient, cancels: asyncio.Queue[Cancel]
+) -> None:
+    async def first_then_hold(request: Preprocess, send: Send) -> None:
+        await send(ResponseChunk(request_id=request.request_id, data=chat_chunk("Hel")))
+        await ready.release.wait()
+
+    ready.script = first_then_hold
+    async with http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+        first = await asyncio.wait_for(anext(r.aiter_raw()), WAIT_S)
+        request_id = r.headers["x-request-id"]
+    cancel = await asyncio.wait_for(cancels.get(), WAIT_S)
+    assert first.startswith(b"data: ")
+    assert (cancel.request_id, cancel.reason) == (request_id, "client_disconnected")
+
+
+async def test_client_disconnect_before_first_event_publishes_cancel(
+    ready: FakeDownstream, gateway: Gateway, cancels: asyncio.Queue[Cancel]
+) -> None:
+    async def hold(request: Preprocess, send: Send) -> None:
+        await ready.release.wait()
+
+    ready.script = hold
+    async with httpx.AsyncClient(base_url=gateway.base_url, timeout=0.2) as impatient:
+        with pytest.raises(httpx.ReadTimeout):
+            await impatient.post("/v1/chat/completions", json=CHAT)
+    cancel = await asyncio.wait_for(cancels.get(), WAIT_S)
+    assert cancel.reason == "client_disconnected"
+
+
+async def test_unknown_route_is_404_in_openai_shape(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    response = await http.get("/v1/nothing")
+    assert (response.status_code, error_of(response)["type"]) == (404, "not_found_error")
+
+
+async def test_wrong_method_is_405_in_openai_shape(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    response = await http.get("/v1/chat/completions")
+    assert (response.status_code, error_of(response)["code"]) == (405, "method_not_allowed")
+
+
+# --- the real process ----------------------------------------------------------------------------
+
+
+async def test_sigterm_lets_the_in_flight_stream_finish_then_exits(
+    nats_url: str,
+    subjects: Subjects,
+    worker: None,
+    downstream: FakeDownstream,
+    tmp_path: Path,
+) -> None:
+    async def first_then_rest_on_release(request: Preprocess, send: Send) -> None:
+        rid = request.request_id
+        await send(ResponseChunk(request_id=rid, data=chat_chunk("Hel")))
+        await downstream.release.wait()
+        await send(ResponseChunk(request_id=rid, data=chat_chunk("lo", "stop"), done=True))
+
+    downstream.script = first_then_rest_on_release
+    port = free_port()
+    env = {**os.environ, "NATS_URL": nats_url, "JETSERVE_NAMESPACE": subjects.namespace}
+    log_path = tmp_path / "gateway.log"
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.gateway", "--http-port", str(port)],
+            env={**env, "LOG_FORMAT": "json"},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=WAIT_S) as http:
+            await _until_ok_starting(http, "/health", proc, log_path)
+            body = {**CHAT, "stream": True}
+            async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                chunks = response.aiter_raw()
+                first = await asyncio.wait_for(anext(chunks), WAIT_S)
+                proc.send_signal(signal.SIGTERM)
+                await _until(lambda: b"shutdown_started" in log_path.read_bytes(), "SIGTERM")
+                downstream.release.set()
+                rest = b"".join([c async for c in chunks])
+        code = await asyncio.wait_for(asyncio.to_thread(proc.wait), WAIT_S * 2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert first + rest == chat_chunk("Hel") + chat_chunk("lo", "stop")
+    assert code in (0, -signal.SIGTERM), log_path.read_text()
+    assert b"bus_stopped" in log_path.read_bytes()
+
+
+async def _until_ok_starting(
+    http: httpx.AsyncClient, path: str, proc: subprocess.Popen[bytes], log_path: Path
+) -> None:
+    deadline = time.monotonic() + WAIT_S * 2
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log_path.read_text()
+        with contextlib.suppress(httpx.TransportError):
+            if (await http.get(path)).status_code == 200:
+                return
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"gateway not ready: {log_path.read_text()}")

@@ -1,0 +1,115 @@
+"""A mocker subprocess in the registry: SIGKILL → its card expires by TTL; SIGTERM → gone at once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+
+from shared.model_dir import DEFAULT_MODEL_NAME, bundled_tokenizer_dir, ensure_default_model_dir
+from shared.registry import ModelFiles, WorkerDirectory
+from shared.subjects import Subjects
+
+pytestmark = pytest.mark.skipif(bundled_tokenizer_dir() is None, reason="no Qwen3 tokenizer")
+
+MODEL = DEFAULT_MODEL_NAME
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def start_mocker(
+    nats_url: str, subjects: Subjects, tmp_path: Path
+) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start ``python -m services.mocker`` subprocesses; stop only the pids started here."""
+    model_dir = ensure_default_model_dir(tmp_path / "model")
+    started: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start(worker_id: str, *args: str) -> subprocess.Popen[bytes]:
+        log_path = tmp_path / f"{worker_id}.log"
+        env = {**os.environ, "NATS_URL": nats_url, "JETSERVE_NAMESPACE": subjects.namespace}
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "services.mocker",
+                    "--worker-id",
+                    worker_id,
+                    "--model-path",
+                    str(model_dir),
+                    "--speedup-ratio",
+                    "0",
+                    *args,
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        started.append((proc, log_path))
+        return proc
+
+    yield start
+    for proc, log_path in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        if proc.returncode not in (0, -signal.SIGKILL):
+            print(log_path.read_text())
+
+
+async def _wait_for(predicate: Callable[[], bool], timeout_s: float) -> float:
+    """Seconds until ``predicate()`` held; raises TimeoutError after ``timeout_s``."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout_s:
+            raise TimeoutError("condition not met")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - started
+
+
+async def test_killed_mocker_card_expires_within_ttl(
+    nc: Client, subjects: Subjects, start_mocker: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    ttl_s = 2.0
+    directory = WorkerDirectory(nc.jetstream(), subjects, ttl_s=ttl_s)
+    proc = start_mocker("k1", "--worker-ttl-s", str(ttl_s))
+    await directory.start()
+    try:
+        await _wait_for(lambda: MODEL in directory.models(), timeout_s=20)
+        assert [c.worker_id for c in directory.live(MODEL)] == ["k1"]
+        card = await ModelFiles(nc.jetstream(), subjects).card(MODEL)
+        assert card is not None
+        assert card.eos_token_ids
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=5)
+        gone_after_s = await _wait_for(lambda: not directory.live(MODEL), timeout_s=ttl_s + 1.5)
+    finally:
+        await directory.stop()
+    assert gone_after_s <= ttl_s + 1.5
+
+
+async def test_sigterm_deletes_the_card_at_once(
+    nc: Client, subjects: Subjects, start_mocker: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    ttl_s = 30.0  # long, so only the explicit delete can remove the card quickly
+    directory = WorkerDirectory(nc.jetstream(), subjects, ttl_s=ttl_s)
+    proc = start_mocker("t1", "--worker-ttl-s", str(ttl_s))
+    await directory.start()
+    try:
+        await _wait_for(lambda: MODEL in directory.models(), timeout_s=20)
+        proc.send_signal(signal.SIGTERM)
+        gone_after_s = await _wait_for(lambda: not directory.live(MODEL), timeout_s=3)
+    finally:
+        await directory.stop()
+    assert gone_after_s < 3
+    assert await asyncio.to_thread(proc.wait, 10) == 0

@@ -1,0 +1,278 @@
+"""Router + mocker in-process against a real nats-server: routing, streaming, errors, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import replace
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+from nats.aio.subscription import Subscription
+
+from services.mocker.config import MockerConfig
+from services.mocker.service import Mocker, ModelInfo, load_model_info
+from services.router.config import RouterConfig
+from services.router.service import Router
+from shared import codec
+from shared.bus import connect, no_responders
+from shared.messages import (
+    Cancel,
+    Generate,
+    RequestFailed,
+    SamplingParams,
+    TokenBatch,
+    WorkerEvent,
+)
+from shared.model_dir import DEFAULT_MODEL_NAME, bundled_tokenizer_dir, ensure_default_model_dir
+from shared.subjects import Subjects
+
+pytestmark = pytest.mark.skipif(bundled_tokenizer_dir() is None, reason="no Qwen3 tokenizer")
+
+MODEL = DEFAULT_MODEL_NAME
+PROMPT = tuple(range(100, 140))
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_default_model_dir(tmp_path_factory.mktemp("model") / "qwen3")
+
+
+@pytest.fixture(scope="session")
+def model_info(model_dir: Path) -> ModelInfo:
+    """Tokenize the corpus once for every in-process mocker of the session."""
+    return load_model_info(MockerConfig(model_path=model_dir))
+
+
+@asynccontextmanager
+async def running_mocker(
+    nats_url: str, subjects: Subjects, model: ModelInfo, **overrides: Any
+) -> AsyncIterator[Mocker]:
+    settings: dict[str, Any] = {"speedup_ratio": 0.0, "shutdown_grace_s": 1.0, **overrides}
+    config = MockerConfig(
+        nats_url=nats_url, namespace=subjects.namespace, model_path=model.model_dir, **settings
+    )
+    nc = await connect(nats_url, name="test-mocker")
+    mocker = Mocker(config, nc, model=model)
+    await mocker.start()
+    try:
+        yield mocker
+    finally:
+        await mocker.stop()
+        await nc.drain()
+
+
+@asynccontextmanager
+async def running_router(
+    nats_url: str, subjects: Subjects, **overrides: Any
+) -> AsyncIterator[Router]:
+    nc = await connect(nats_url, name="test-router")
+    router = Router(RouterConfig(nats_url=nats_url, namespace=subjects.namespace, **overrides), nc)
+    await router.start()
+    try:
+        yield router
+    finally:
+        await router.stop()
+        await nc.drain()
+
+
+class Stream:
+    """One request's stream subject, as a formatter would hold it."""
+
+    def __init__(self, nc: Client, subjects: Subjects) -> None:
+        self.request_id = uuid.uuid4().hex
+        self.subject = subjects.stream("f1", self.request_id)
+        self._nc = nc
+        self._sub: Subscription | None = None
+
+    async def __aenter__(self) -> Stream:
+        self._sub = await self._nc.subscribe(self.subject)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._sub is not None
+        await self._sub.unsubscribe()
+
+    async def next(self, timeout_s: float = 5.0) -> WorkerEvent:
+        assert self._sub is not None
+        msg = await self._sub.next_msg(timeout=timeout_s)
+        assert no_responders(msg) is None, f"no responders on {no_responders(msg)}"
+        return codec.decode(msg.data, WorkerEvent)  # type: ignore[arg-type]
+
+    async def until_finished(self, timeout_s: float = 5.0) -> list[TokenBatch]:
+        batches: list[TokenBatch] = []
+        while not batches or batches[-1].finish_reason is None:
+            event = await self.next(timeout_s)
+            assert isinstance(event, TokenBatch), event
+            batches.append(event)
+        return batches
+
+
+async def _generate(
+    nc: Client, subjects: Subjects, stream: Stream, worker_id: str | None = None, **sampling: Any
+) -> None:
+    gen = Generate(
+        request_id=stream.request_id,
+        model=MODEL,
+        token_ids=PROMPT,
+        sampling=SamplingParams(**sampling),
+        stream_to=stream.subject,
+        worker_id=worker_id,
+    )
+    await nc.publish(subjects.route, codec.encode(gen), reply=stream.subject)
+
+
+def _ids(batches: list[TokenBatch]) -> list[int]:
+    return [t for b in batches for t in b.token_ids]
+
+
+async def test_generate_streams_exactly_max_tokens_then_length(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    async with (
+        running_mocker(nats_url, subjects, model_info, worker_id="w"),
+        running_router(nats_url, subjects),
+        Stream(nc, subjects) as stream,
+    ):
+        await _generate(nc, subjects, stream, max_tokens=64, ignore_eos=True)
+        batches = await stream.until_finished()
+    assert len(_ids(batches)) == 64
+    assert batches[-1].finish_reason == "length"
+    assert [b.index for b in batches] == [
+        sum(len(x.token_ids) for x in batches[:i]) for i in range(len(batches))
+    ]
+    assert (batches[0].prompt_tokens, batches[0].cached_tokens, batches[0].worker_id) == (
+        len(PROMPT),
+        0,
+        "w",
+    )
+
+
+async def test_speedup_zero_sends_few_messages_and_the_first_token_alone(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    async with (
+        running_mocker(nats_url, subjects, model_info, worker_id="w"),
+        running_router(nats_url, subjects),
+        Stream(nc, subjects) as stream,
+    ):
+        await _generate(nc, subjects, stream, max_tokens=64, ignore_eos=True)
+        batches = await stream.until_finished()
+    assert len(batches[0].token_ids) == 1
+    assert len(batches) <= 16
+
+
+async def test_same_seed_same_tokens_and_eos_stop(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    eos = model_info.eos_token_ids[0]
+    async with (
+        running_mocker(nats_url, subjects, model_info, worker_id="w", seed=1),
+        running_router(nats_url, subjects),
+    ):
+        runs = []
+        for _ in range(2):
+            async with Stream(nc, subjects) as stream:
+                await _generate(nc, subjects, stream, max_tokens=5000, stop_token_ids=(eos,))
+                runs.append(await stream.until_finished())
+    assert _ids(runs[0]) == _ids(runs[1])
+    assert (runs[0][-1].finish_reason, runs[0][-1].stop_token_id) == ("stop", eos)
+    assert _ids(runs[0])[-1] == eos
+
+
+async def test_round_robin_alternates_between_two_mockers(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    async with (
+        running_mocker(nats_url, subjects, model_info, worker_id="w", num_workers=2),
+        running_router(nats_url, subjects, router_mode="round-robin"),
+    ):
+        served = []
+        for _ in range(4):
+            async with Stream(nc, subjects) as stream:
+                await _generate(nc, subjects, stream, max_tokens=2)
+                served.append((await stream.until_finished())[0].worker_id)
+    assert served == ["w-0", "w-1", "w-0", "w-1"]
+
+
+async def test_pinned_worker_gets_the_request(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    async with (
+        running_mocker(nats_url, subjects, model_info, worker_id="w", num_workers=2),
+        running_router(nats_url, subjects),
+        Stream(nc, subjects) as stream,
+    ):
+        await _generate(nc, subjects, stream, worker_id="w-1", max_tokens=2)
+        batches = await stream.until_finished()
+    assert batches[0].worker_id == "w-1"
+
+
+async def test_no_worker_replies_request_failed_503(
+    nats_url: str, subjects: Subjects, nc: Client
+) -> None:
+    async with running_router(nats_url, subjects), Stream(nc, subjects) as stream:
+        await _generate(nc, subjects, stream, max_tokens=2)
+        event = await stream.next()
+    assert isinstance(event, RequestFailed)
+    assert (event.status, event.code, event.retry_after_s) == (503, "no_worker_available", 1.0)
+    assert event.request_id == stream.request_id
+
+
+async def test_cancel_stops_a_long_generation(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    async with (
+        running_mocker(nats_url, subjects, model_info, worker_id="w", speedup_ratio=1.0),
+        running_router(nats_url, subjects),
+        Stream(nc, subjects) as stream,
+    ):
+        await _generate(nc, subjects, stream, max_tokens=5000, ignore_eos=True)
+        first = await stream.next()
+        assert isinstance(first, TokenBatch)
+        cancelled_at = time.monotonic()
+        await nc.publish(subjects.cancel, codec.encode(Cancel(request_id=stream.request_id)))
+        rest = await stream.until_finished()
+        elapsed = time.monotonic() - cancelled_at
+    assert rest[-1].finish_reason == "cancelled"
+    assert len(_ids([first, *rest])) < 5000
+    assert elapsed < 1.0
+
+
+async def test_context_overflow_is_rejected_by_the_worker(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    async with (
+        running_mocker(nats_url, subjects, replace(model_info, context_length=50), worker_id="w"),
+        running_router(nats_url, subjects),
+        Stream(nc, subjects) as stream,
+    ):
+        await _generate(nc, subjects, stream, max_tokens=20)
+        event = await stream.next()
+    assert isinstance(event, RequestFailed)
+    assert (event.status, event.code) == (400, "context_length_exceeded")
+
+
+async def test_many_concurrent_requests_all_finish(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    async with (
+        running_mocker(nats_url, subjects, model_info, worker_id="w", max_num_seqs=8),
+        running_router(nats_url, subjects),
+    ):
+        streams = [Stream(nc, subjects) for _ in range(32)]
+        for s in streams:
+            await s.__aenter__()
+        try:
+            for s in streams:
+                await _generate(nc, subjects, s, max_tokens=32, ignore_eos=True)
+            results = await asyncio.gather(*(s.until_finished() for s in streams))
+        finally:
+            for s in streams:
+                await s.__aexit__()
+    assert all(len(_ids(r)) == 32 and r[-1].finish_reason == "length" for r in results)

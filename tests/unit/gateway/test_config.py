@@ -1,0 +1,39 @@
+"""GatewayConfig: flags, env fallbacks, validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.gateway.config import GatewayConfig
+from shared.registry import DEFAULT_WORKER_TTL_S
+
+
+def test_defaults_bind_localhost_8000_with_a_random_gateway_id() -> None:
+    config = GatewayConfig.from_cli([])
+    assert (config.http_host, config.http_port, config.grpc_port) == ("127.0.0.1", 8000, 8001)
+    assert (config.request_timeout_s, config.stream_idle_timeout_s) == (60.0, 60.0)
+    assert config.worker_ttl_s == DEFAULT_WORKER_TTL_S
+    assert config.gateway_id != GatewayConfig.from_cli([]).gateway_id
+
+
+def test_env_vars_fill_in_for_missing_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JETSERVE_GATEWAY_HTTP_PORT", "9000")
+    monkeypatch.setenv("JETSERVE_WORKER_TTL_S", "3.5")
+    config = GatewayConfig.from_cli([])
+    assert (config.http_port, config.worker_ttl_s) == (9000, 3.5)
+
+
+def test_flags_win_over_env_vars(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JETSERVE_GATEWAY_HTTP_PORT", "9000")
+    config = GatewayConfig.from_cli(["--http-port", "9100", "--gateway-id", "gw-a"])
+    assert (config.http_port, config.gateway_id) == (9100, "gw-a")
+
+
+def test_gateway_id_with_a_dot_is_rejected() -> None:
+    with pytest.raises(SystemExit):
+        GatewayConfig.from_cli(["--gateway-id", "a.b"])
+
+
+def test_non_positive_timeout_is_rejected() -> None:
+    with pytest.raises(ValueError, match="request-timeout-s"):
+        GatewayConfig(request_timeout_s=0)

@@ -1,0 +1,96 @@
+"""Worker selection: round-robin cursors, seeded random, empty pools and pinned workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.router.policy import Random, RoundRobin, build_policy, select_worker
+from shared.errors import NotFound, NoWorkerAvailable
+from shared.messages import Generate, SamplingParams, WorkerCard
+
+
+def _gen(model: str = "m", worker_id: str | None = None) -> Generate:
+    return Generate(
+        request_id="r1",
+        model=model,
+        token_ids=(1, 2, 3),
+        sampling=SamplingParams(),
+        stream_to="s",
+        worker_id=worker_id,
+    )
+
+
+def _cards(*ids: str, model: str = "m") -> list[WorkerCard]:
+    return [WorkerCard(worker_id=i, model=model) for i in ids]
+
+
+class TestRoundRobin:
+    def test_cycles_through_workers_in_id_order(self) -> None:
+        policy = RoundRobin()
+        workers = _cards("w2", "w1", "w3")
+        picks = [select_worker(policy, _gen(), workers).worker_id for _ in range(6)]
+        assert picks == ["w1", "w2", "w3", "w1", "w2", "w3"]
+
+    def test_each_model_has_its_own_cursor(self) -> None:
+        policy = RoundRobin()
+        a, b = _cards("a1", "a2", model="A"), _cards("b1", "b2", model="B")
+        picks = [
+            select_worker(policy, _gen("A"), a).worker_id,
+            select_worker(policy, _gen("B"), b).worker_id,
+            select_worker(policy, _gen("A"), a).worker_id,
+            select_worker(policy, _gen("B"), b).worker_id,
+        ]
+        assert picks == ["a1", "b1", "a2", "b2"]
+
+    def test_keeps_cycling_when_a_worker_leaves(self) -> None:
+        policy = RoundRobin()
+        select_worker(policy, _gen(), _cards("w1", "w2", "w3"))
+        picks = [select_worker(policy, _gen(), _cards("w1", "w3")).worker_id for _ in range(2)]
+        assert sorted(picks) == ["w1", "w3"]
+
+
+class TestRandom:
+    def test_same_seed_gives_the_same_choices(self) -> None:
+        workers = _cards("w1", "w2", "w3", "w4")
+        one, two = Random(7), Random(7)
+        seq_one = [select_worker(one, _gen(), workers).worker_id for _ in range(20)]
+        seq_two = [select_worker(two, _gen(), workers).worker_id for _ in range(20)]
+        assert seq_one == seq_two
+
+    def test_input_order_does_not_change_seeded_choices(self) -> None:
+        one, two = Random(3), Random(3)
+        seq_one = [select_worker(one, _gen(), _cards("a", "b", "c")).worker_id for _ in range(10)]
+        seq_two = [select_worker(two, _gen(), _cards("c", "a", "b")).worker_id for _ in range(10)]
+        assert seq_one == seq_two
+
+    def test_reaches_every_worker(self) -> None:
+        policy = Random(0)
+        workers = _cards("w1", "w2", "w3")
+        picks = {select_worker(policy, _gen(), workers).worker_id for _ in range(100)}
+        assert picks == {"w1", "w2", "w3"}
+
+
+@pytest.mark.parametrize("mode", ["round-robin", "random"])
+def test_no_live_worker_raises_no_worker_available(mode: str) -> None:
+    with pytest.raises(NoWorkerAvailable, match="no live worker") as info:
+        select_worker(build_policy(mode, seed=1), _gen(), [])
+    assert info.value.http_status == 503
+    assert info.value.retry_after_s == 1.0
+
+
+class TestPinnedWorker:
+    def test_live_pinned_worker_is_used_without_moving_the_cursor(self) -> None:
+        policy = RoundRobin()
+        workers = _cards("w1", "w2")
+        assert select_worker(policy, _gen(worker_id="w2"), workers).worker_id == "w2"
+        assert select_worker(policy, _gen(), workers).worker_id == "w1"
+
+    def test_pinned_worker_that_is_not_live_is_not_found(self) -> None:
+        with pytest.raises(NotFound, match="w9") as info:
+            select_worker(RoundRobin(), _gen(worker_id="w9"), _cards("w1"))
+        assert info.value.http_status == 404
+
+
+def test_unknown_mode_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown router mode"):
+        build_policy("kv-magic")
