@@ -25,9 +25,9 @@ from services.formatter.detokenizer import load_tokenizer
 from services.formatter.service import FormatterService
 from services.formatter.tokenizer_cache import TokenizerCache
 from shared import codec
+from shared.logging import configure_logging
 from shared.messages import ModelCard, OutputOptions, StreamOpen, StreamOpened, TokenBatch
 from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
-from shared.logging import configure_logging
 from shared.registry import publish_model
 from shared.subjects import Subjects
 from tests.support import nats_server
@@ -107,7 +107,8 @@ async def over_nats(model_dir: Path, ids: list[int], requests: int = 3000) -> No
         card = ModelCard(model=DEFAULT_MODEL_NAME, context_length=40960)
         await publish_model(nc.jetstream(), subjects, card, model_dir)
         env = {**os.environ, "NATS_URL": url, "JETSERVE_NAMESPACE": "bench", "LOG_LEVEL": "WARNING"}
-        proc = subprocess.Popen([sys.executable, "-m", "services.formatter"], env=env)
+        command = [sys.executable, "-m", "services.formatter"]
+        proc = subprocess.Popen(command, env=env)  # noqa: ASYNC220 - a bench, started once
         try:
             for size in (8, 1):
                 await _drive(nc, subjects, proc.pid, ids, size, requests)
@@ -123,7 +124,7 @@ async def _drive(nc: Any, subjects: Subjects, pid: int, ids: list[int], size: in
 
     async def on_reply(msg: Msg) -> None:
         nonlocal finished
-        if codec.decode(msg.data, Any).get("done"):  # type: ignore[union-attr]
+        if codec.decode(msg.data, dict).get("done"):
             finished += 1
             if finished == n:
                 done.set()

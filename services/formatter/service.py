@@ -84,6 +84,9 @@ class FormatterService:
         self._open_sub = await nc.subscribe(
             subjects.formatter_open, queue=QUEUE_GROUP, cb=self.on_open
         )
+        # Twice: nats-py 2.16 writes flush()'s PING straight to the socket, ahead of SUBs still
+        # queued for its flusher task, so the first PONG does not prove the server has them.
+        await nc.flush()
         await nc.flush()
         self._spawn(self._sweep_idle(), name="formatter-idle-sweeper")
         log.info("formatter_started", formatter_id=self._config.formatter_id)

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import msgspec
@@ -44,7 +49,7 @@ WAIT_S = 5.0
 REQUEST_TIMEOUT_S = 1.0
 
 Send = Callable[[msgspec.Struct], Awaitable[None]]
-Script = Callable[[Preprocess, Send], Awaitable[None]]
+Script = Callable[[Preprocess, Send], Coroutine[Any, Any, None]]
 
 
 # --- fakes and fixtures --------------------------------------------------------------------------
@@ -138,7 +143,10 @@ class FakeDownstream:
 async def _hello_world(request: Preprocess, send: Send) -> None:
     rid = request.request_id
     if request.api == "completion":
-        frames = [completion_chunk("Hello"), completion_chunk(" world", "stop") + b"data: [DONE]\n\n"]
+        frames = [
+            completion_chunk("Hello"),
+            completion_chunk(" world", "stop") + b"data: [DONE]\n\n",
+        ]
     else:
         frames = [chat_chunk("Hello"), chat_chunk(" world", "stop") + b"data: [DONE]\n\n"]
     if not request.output.stream:
@@ -195,7 +203,9 @@ async def gateway(nats_url: str, subjects: Subjects) -> AsyncIterator[Gateway]:
 @pytest.fixture
 async def model_card(nc: Client, subjects: Subjects, tmp_path: Path) -> None:
     """``MODEL`` is known: its card is in the models object store."""
-    await publish_model(nc.jetstream(), subjects, ModelCard(model=MODEL, context_length=4096), tmp_path)
+    await publish_model(
+        nc.jetstream(), subjects, ModelCard(model=MODEL, context_length=4096), tmp_path
+    )
 
 
 @pytest.fixture
@@ -395,7 +405,9 @@ async def test_accepted_connections_have_tcp_nodelay(
 ) -> None:
     """A kept-alive client would otherwise stall ~40 ms on delayed ACKs."""
     await http.get("/live")
-    sockets = [c.transport.get_extra_info("socket") for c in gateway.server.server_state.connections]
+    sockets = [
+        c.transport.get_extra_info("socket") for c in gateway.server.server_state.connections
+    ]
     assert sockets
     assert all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
 
@@ -505,9 +517,7 @@ async def test_failure_after_streaming_started_ends_with_error_event_and_done(
 ) -> None:
     async def fails_midway(request: Preprocess, send: Send) -> None:
         await send(ResponseChunk(request_id=request.request_id, data=chat_chunk("Hel")))
-        await send(
-            RequestFailed(request_id=request.request_id, code="worker_lost", message="gone")
-        )
+        await send(RequestFailed(request_id=request.request_id, code="worker_lost", message="gone"))
 
     ready.script = fails_midway
     response = await http.post("/v1/chat/completions", json={**CHAT, "stream": True})
@@ -547,12 +557,16 @@ async def test_client_disconnect_before_first_event_publishes_cancel(
     assert cancel.reason == "client_disconnected"
 
 
-async def test_unknown_route_is_404_in_openai_shape(gateway: Gateway, http: httpx.AsyncClient) -> None:
+async def test_unknown_route_is_404_in_openai_shape(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
     response = await http.get("/v1/nothing")
     assert (response.status_code, error_of(response)["type"]) == (404, "not_found_error")
 
 
-async def test_wrong_method_is_405_in_openai_shape(gateway: Gateway, http: httpx.AsyncClient) -> None:
+async def test_wrong_method_is_405_in_openai_shape(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
     response = await http.get("/v1/chat/completions")
     assert (response.status_code, error_of(response)["code"]) == (405, "method_not_allowed")
 
@@ -575,16 +589,9 @@ async def test_sigterm_lets_the_in_flight_stream_finish_then_exits(
 
     downstream.script = first_then_rest_on_release
     port = free_port()
-    env = {**os.environ, "NATS_URL": nats_url, "JETSERVE_NAMESPACE": subjects.namespace}
+    env = {"NATS_URL": nats_url, "JETSERVE_NAMESPACE": subjects.namespace, "LOG_FORMAT": "json"}
     log_path = tmp_path / "gateway.log"
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.gateway", "--http-port", str(port)],
-            env={**env, "LOG_FORMAT": "json"},
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = _spawn_gateway(port, env, log_path)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=WAIT_S) as http:
             await _until_ok_starting(http, "/health", proc, log_path)
@@ -593,7 +600,7 @@ async def test_sigterm_lets_the_in_flight_stream_finish_then_exits(
                 chunks = response.aiter_raw()
                 first = await asyncio.wait_for(anext(chunks), WAIT_S)
                 proc.send_signal(signal.SIGTERM)
-                await _until(lambda: b"shutdown_started" in log_path.read_bytes(), "SIGTERM")
+                await _until(lambda: "shutdown_started" in _text(log_path), "SIGTERM")
                 downstream.release.set()
                 rest = b"".join([c async for c in chunks])
         code = await asyncio.wait_for(asyncio.to_thread(proc.wait), WAIT_S * 2)
@@ -602,8 +609,8 @@ async def test_sigterm_lets_the_in_flight_stream_finish_then_exits(
             proc.kill()
             proc.wait()
     assert first + rest == chat_chunk("Hel") + chat_chunk("lo", "stop")
-    assert code in (0, -signal.SIGTERM), log_path.read_text()
-    assert b"bus_stopped" in log_path.read_bytes()
+    assert code in (0, -signal.SIGTERM), _text(log_path)
+    assert "bus_stopped" in _text(log_path)
 
 
 async def _until_ok_starting(
@@ -611,9 +618,25 @@ async def _until_ok_starting(
 ) -> None:
     deadline = time.monotonic() + WAIT_S * 2
     while time.monotonic() < deadline:
-        assert proc.poll() is None, log_path.read_text()
+        assert proc.poll() is None, _text(log_path)
         with contextlib.suppress(httpx.TransportError):
             if (await http.get(path)).status_code == 200:
                 return
         await asyncio.sleep(0.05)
-    raise TimeoutError(f"gateway not ready: {log_path.read_text()}")
+    raise TimeoutError(f"gateway not ready: {_text(log_path)}")
+
+
+def _spawn_gateway(port: int, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """``python -m services.gateway`` in its own session, logging to ``log_path``."""
+    with log_path.open("wb") as log_file:
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.gateway", "--http-port", str(port)],
+            env={**os.environ, **env},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _text(path: Path) -> str:
+    return path.read_text()

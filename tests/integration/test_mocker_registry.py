@@ -1,4 +1,4 @@
-"""A mocker subprocess in the registry: SIGKILL → its card expires by TTL; SIGTERM → gone at once."""
+"""A mocker subprocess in the registry: SIGKILL → card expires by TTL; SIGTERM → gone at once."""
 
 from __future__ import annotations
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import replace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.mocker.config import MockerConfig
@@ -60,6 +61,8 @@ async def running_mocker(
     nc = await connect(nats_url, name="test-mocker")
     mocker = Mocker(config, nc, model=model)
     await mocker.start()
+    for worker in mocker.workers:
+        await _until_answered(nats_url, subjects.generate(worker.worker_id), subjects)
     try:
         yield mocker
     finally:
@@ -74,10 +77,38 @@ async def running_router(
     nc = await connect(nats_url, name="test-router")
     router = Router(RouterConfig(nats_url=nats_url, namespace=subjects.namespace, **overrides), nc)
     await router.start()
+    await _until_answered(nats_url, subjects.route, subjects)
     try:
         yield router
     finally:
         await router.stop()
+        await nc.drain()
+
+
+async def _until_answered(nats_url: str, subject: str, subjects: Subjects) -> None:
+    """Wait until ``subject`` answers a probe from another connection.
+
+    nats-server can report "no responders" to another client for a moment after a
+    subscription's flush returned, so a test waits for an answer rather than trusting start().
+    """
+    nc = await connect(nats_url, name="test-probe")
+    try:
+        for _ in range(100):
+            async with Stream(nc, subjects) as probe:
+                gen = Generate(
+                    request_id=probe.request_id,
+                    model="probe-model-without-workers",
+                    token_ids=(1,),
+                    sampling=SamplingParams(max_tokens=1),
+                    stream_to=probe.subject,
+                )
+                await nc.publish(subject, codec.encode(gen), reply=probe.subject)
+                msg = await probe.raw()
+                if no_responders(msg) is None:
+                    return
+            await asyncio.sleep(0.01)
+        raise TimeoutError(f"nobody answers on {subject}")
+    finally:
         await nc.drain()
 
 
@@ -98,9 +129,12 @@ class Stream:
         assert self._sub is not None
         await self._sub.unsubscribe()
 
-    async def next(self, timeout_s: float = 5.0) -> WorkerEvent:
+    async def raw(self, timeout_s: float = 5.0) -> Msg:
         assert self._sub is not None
-        msg = await self._sub.next_msg(timeout=timeout_s)
+        return await self._sub.next_msg(timeout=timeout_s)
+
+    async def next(self, timeout_s: float = 5.0) -> WorkerEvent:
+        msg = await self.raw(timeout_s)
         assert no_responders(msg) is None, f"no responders on {no_responders(msg)}"
         return codec.decode(msg.data, WorkerEvent)  # type: ignore[arg-type]
 
