@@ -54,6 +54,17 @@ def no_responders(msg: Msg) -> str | None:
     return None
 
 
+async def barrier(nc: Client) -> None:
+    """Return once the server has every subscription made so far.
+
+    nats-py 2.16's ``flush()`` writes its PING straight to the socket, possibly ahead of SUBs
+    still in the client's buffer, so one flush can return before the server knows them; the
+    second PING is queued behind them.
+    """
+    await nc.flush()
+    await nc.flush()
+
+
 async def wait_for_signal(stop: asyncio.Event | None = None) -> None:
     """Block until SIGINT/SIGTERM (or ``stop`` is set)."""
     stop = stop or asyncio.Event()

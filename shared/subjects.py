@@ -70,6 +70,13 @@ class Subjects:
         """The one wildcard subscription of a gateway instance."""
         return f"{self._p}.gateway.{gateway_id}.*"
 
+    def bounce(self, instance_id: str, request_id: str) -> str:
+        """Reply subject a forwarding hop publishes with, to catch "no responders" itself."""
+        return f"{self._p}.bounce.{instance_id}.{request_id}"
+
+    def bounce_all(self, instance_id: str) -> str:
+        return f"{self._p}.bounce.{instance_id}.*"
+
     @property
     def cancel(self) -> str:
         """Broadcast ``Cancel``: every worker and formatter listens, the holder acts."""

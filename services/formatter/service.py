@@ -21,7 +21,7 @@ from services.formatter.config import FormatterConfig
 from services.formatter.request import RequestFormatter
 from services.formatter.tokenizer_cache import TokenizerCache
 from shared import codec
-from shared.bus import connect, no_responders, wait_for_signal
+from shared.bus import barrier, connect, no_responders, wait_for_signal
 from shared.errors import (
     ServiceError,
     ServiceUnavailable,
@@ -84,10 +84,7 @@ class FormatterService:
         self._open_sub = await nc.subscribe(
             subjects.formatter_open, queue=QUEUE_GROUP, cb=self.on_open
         )
-        # Twice: nats-py 2.16 writes flush()'s PING straight to the socket, ahead of SUBs still
-        # queued for its flusher task, so the first PONG does not prove the server has them.
-        await nc.flush()
-        await nc.flush()
+        await barrier(nc)
         self._spawn(self._sweep_idle(), name="formatter-idle-sweeper")
         log.info("formatter_started", formatter_id=self._config.formatter_id)
 

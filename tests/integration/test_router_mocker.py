@@ -8,7 +8,6 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.mocker.config import MockerConfig
-from services.mocker.service import Mocker, ModelInfo, load_model_info
+from services.mocker.service import Mocker, ModelInfo
 from services.router.config import RouterConfig
 from services.router.service import Router
 from shared import codec
@@ -30,24 +29,13 @@ from shared.messages import (
     TokenBatch,
     WorkerEvent,
 )
-from shared.model_dir import DEFAULT_MODEL_NAME, bundled_tokenizer_dir, ensure_default_model_dir
+from shared.model_dir import DEFAULT_MODEL_NAME, bundled_tokenizer_dir
 from shared.subjects import Subjects
 
 pytestmark = pytest.mark.skipif(bundled_tokenizer_dir() is None, reason="no Qwen3 tokenizer")
 
 MODEL = DEFAULT_MODEL_NAME
 PROMPT = tuple(range(100, 140))
-
-
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_default_model_dir(tmp_path_factory.mktemp("model") / "qwen3")
-
-
-@pytest.fixture(scope="session")
-def model_info(model_dir: Path) -> ModelInfo:
-    """Tokenize the corpus once for every in-process mocker of the session."""
-    return load_model_info(MockerConfig(model_path=model_dir))
 
 
 @asynccontextmanager
