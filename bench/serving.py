@@ -105,6 +105,21 @@ def pct(values: list[float], p: float) -> float:
     return values[k]
 
 
+async def warm_up(url: str, model: str) -> None:
+    """Five unmeasured requests: the first one loads the tokenizers in the services."""
+    target = urlparse(url)
+    warm = Connection(target.hostname or "127.0.0.1", target.port or 80)
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "warm up"}],
+        "max_tokens": 4,
+        "stream": True,
+    }
+    for _ in range(5):
+        await warm.post_stream("/v1/chat/completions", body)
+    await warm.close()
+
+
 async def run_workload(url: str, model: str, spec: dict[str, int]) -> tuple[list[Record], float]:
     target = urlparse(url)
     texts = prompts(spec["requests"], spec["prompt_words"])
@@ -135,19 +150,6 @@ async def run_workload(url: str, model: str, spec: dict[str, int]) -> tuple[list
         finally:
             await conn.close()
 
-    # warm-up (unmeasured)
-    warm = Connection(target.hostname or "127.0.0.1", target.port or 80)
-    for _ in range(5):
-        await warm.post_stream(
-            "/v1/chat/completions",
-            {
-                "model": model,
-                "messages": [{"role": "user", "content": "warm up"}],
-                "max_tokens": 4,
-                "stream": True,
-            },
-        )
-    await warm.close()
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(spec["concurrency"])))
     return records, time.perf_counter() - started
@@ -190,6 +192,7 @@ def _client_cpu() -> float:
 
 
 async def bench(url: str, model: str, pids: dict[str, int], names: list[str]) -> None:
+    await warm_up(url, model)
     for name in names:
         spec = WORKLOADS[name]
         before = {k: cpu_s(p) for k, p in pids.items()}
