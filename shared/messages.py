@@ -49,6 +49,18 @@ class OutputOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     skip_special_tokens: bool = True
     echo: bool = False
     n: int = 1
+    extra_fields: tuple[str, ...] = ()
+    """``nvext.extra_fields``: e.g. ``("worker_id",)`` adds ``nvext.worker_id`` to the response."""
+
+
+class RoutingHints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Per-request routing inputs (``nvext``, ``cache_salt``, tenant and worker headers)."""
+
+    overlap_score_weight: float | None = None
+    router_temperature: float | None = None
+    cache_salt: str | None = None
+    """``cache_salt`` or ``x-tenant-id``: changes the block-hash seed, so tenants never share."""
+    lora_name: str | None = None
 
 
 class Preprocess(Message, frozen=True):
@@ -72,6 +84,9 @@ class Preprocess(Message, frozen=True):
     output: OutputOptions = msgspec.field(default_factory=OutputOptions)
     deadline_ms: int = 0
     """Unix milliseconds after which the gateway has given up; 0 = none."""
+    routing: RoutingHints | None = None
+    worker_id: str | None = None
+    """Pin a worker (``nvext.backend_instance_id`` or the ``x-worker-instance-id`` header)."""
 
 
 class StreamOpen(Message, frozen=True):
@@ -104,6 +119,7 @@ class Generate(Message, frozen=True):
     """Where the worker sends ``TokenBatch`` and any hop sends ``RequestFailed``."""
     worker_id: str | None = None
     """Set by the router (or by a client pinning a worker)."""
+    routing: RoutingHints | None = None
 
 
 class TokenBatch(Message, frozen=True):
@@ -177,3 +193,107 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     files: tuple[str, ...] = ()
     """Names of the model files stored beside the card (``tokenizer.json``, ...)."""
     created: int = 0
+
+
+# --- KV cache events, load and routing decisions (issue 3: KV-aware routing) -------------------
+
+
+class KvEvent(msgspec.Struct, frozen=True, kw_only=True, tag=True, omit_defaults=True):
+    """Base of the events inside a ``KvEventBatch``."""
+
+
+class BlockStored(KvEvent, frozen=True):
+    """New full blocks, in prefix order. ``block_hashes`` are sequence hashes (whole prefix);
+    ``parent_hash`` is the sequence hash of the block before the first one (None at the root);
+    ``token_ids`` are the blocks' tokens (``len == len(block_hashes) * block_size``)."""
+
+    block_hashes: tuple[int, ...]
+    parent_hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+    block_size: int = 16
+    lora_name: str | None = None
+
+
+class BlockRemoved(KvEvent, frozen=True):
+    """Blocks evicted from the worker's cache (by sequence hash)."""
+
+    block_hashes: tuple[int, ...]
+
+
+class AllBlocksCleared(KvEvent, frozen=True):
+    """The worker dropped its whole cache (reset, restart)."""
+
+
+AnyKvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class KvEventBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Worker -> JetStream ``<NS>_KV_EVENTS`` on ``<ns>.v1.kv.<worker_id>``.
+
+    ``event_id`` counts batches per worker from 1 with no gaps; a router that sees a gap asks the
+    worker for a full dump (``KvDump``).
+    """
+
+    worker_id: str
+    event_id: int
+    events: tuple[AnyKvEvent, ...]
+    ts: float = 0.0
+
+
+class KvDumpRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Router -> worker (request/reply on ``<ns>.v1.worker.<id>.kv_dump``)."""
+
+    router_id: str = ""
+
+
+class KvDump(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Worker -> router: every cached block as ``BlockStored`` events, as of ``event_id``."""
+
+    worker_id: str
+    event_id: int
+    events: tuple[BlockStored, ...]
+
+
+class WorkerLoad(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Worker -> routers on ``<ns>.v1.load.<worker_id>``, on change (rate-limited)."""
+
+    worker_id: str
+    active: int = 0
+    waiting: int = 0
+    kv_used_blocks: int = 0
+    kv_total_blocks: int = 0
+    prefill_tokens: int = 0
+    ts: float = 0.0
+
+
+class RequestPhase(Message, frozen=True):
+    """Worker -> routers on ``<ns>.v1.lifecycle.<worker_id>``: ``prefill_done`` or ``finished``."""
+
+    worker_id: str
+    phase: Literal["prefill_done", "finished"]
+    ts: float = 0.0
+
+
+class Candidate(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One worker's score in a routing decision."""
+
+    worker_id: str
+    overlap_blocks: int = 0
+    prefill_blocks: float = 0.0
+    decode_blocks: float = 0.0
+    cost: float = 0.0
+    busy: bool = False
+
+
+class RouteDecision(Message, frozen=True):
+    """Router -> peers and observers on ``<ns>.v1.decisions``: where a request went and why."""
+
+    router_id: str
+    worker_id: str
+    model: str
+    mode: str
+    prompt_blocks: int = 0
+    overlap_blocks: int = 0
+    prefill_tokens: int = 0
+    candidates: tuple[Candidate, ...] = ()
+    ts: float = 0.0

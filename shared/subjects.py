@@ -82,6 +82,53 @@ class Subjects:
         """Broadcast ``Cancel``: every worker and formatter listens, the holder acts."""
         return f"{self._p}.cancel"
 
+    # --- KV events, load, lifecycle, decisions (issue 3) --------------------------------------
+    def kv_events(self, worker_id: str) -> str:
+        """Worker -> the KV events stream (``kv_stream``)."""
+        return f"{self._p}.kv.{worker_id}"
+
+    @property
+    def kv_events_all(self) -> str:
+        return f"{self._p}.kv.*"
+
+    @property
+    def kv_stream(self) -> str:
+        """JetStream stream of every worker's ``KvEventBatch``."""
+        return f"{self.namespace.upper()}_KV_EVENTS"
+
+    def kv_dump(self, worker_id: str) -> str:
+        """Router -> one worker, request/reply: a full dump of its cached blocks."""
+        return f"{self._p}.worker.{worker_id}.kv_dump"
+
+    def load(self, worker_id: str) -> str:
+        return f"{self._p}.load.{worker_id}"
+
+    @property
+    def load_all(self) -> str:
+        return f"{self._p}.load.*"
+
+    def lifecycle(self, worker_id: str) -> str:
+        return f"{self._p}.lifecycle.{worker_id}"
+
+    @property
+    def lifecycle_all(self) -> str:
+        return f"{self._p}.lifecycle.*"
+
+    @property
+    def decisions(self) -> str:
+        """Every routing decision (peers apply them; ``jetserve tap`` shows them)."""
+        return f"{self._p}.decisions"
+
+    @property
+    def router_store(self) -> str:
+        """Object store of router index snapshots."""
+        return f"{self.namespace}_router"
+
+    @property
+    def router_lease_bucket(self) -> str:
+        """KV bucket holding the snapshot-writer lease."""
+        return f"{self.namespace}_router_lease"
+
     # --- durable state (JetStream) ------------------------------------------------------------
     @property
     def workers_bucket(self) -> str:
