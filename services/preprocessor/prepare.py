@@ -136,6 +136,8 @@ def generate(req: Preprocess, prepared: Prepared, stream_to: str) -> Generate:
         token_ids=prepared.token_ids,
         sampling=prepared.sampling,
         stream_to=stream_to,
+        worker_id=req.worker_id,
+        routing=req.routing,
     )
 
 

@@ -17,7 +17,7 @@ from services.preprocessor.prepare import (
 )
 from services.preprocessor.tokenizer import ModelAssets
 from shared.errors import ContextLengthExceeded, InvalidRequest
-from shared.messages import OutputOptions, Preprocess, SamplingParams
+from shared.messages import OutputOptions, Preprocess, RoutingHints, SamplingParams
 
 from .conftest import QWEN, QWEN_EOS
 
@@ -202,7 +202,16 @@ class TestMessages:
             "sampling": prepared.sampling,
             "stream_to": "fmt.r1",
             "worker_id": None,
+            "routing": None,
         }
+
+    def test_generate_carries_pinned_worker_and_routing_hints(
+        self, qwen_assets: ModelAssets
+    ) -> None:
+        hints = RoutingHints(cache_salt="tenant-a", router_temperature=0.5)
+        req = msgspec.structs.replace(request(max_tokens=7), worker_id="w-1", routing=hints)
+        message = generate(req, prepare(req, qwen_assets), "fmt.r1")
+        assert (message.worker_id, message.routing) == ("w-1", hints)
 
     def test_prompt_chars_counts_text_parts(self) -> None:
         content = [{"type": "text", "text": "abc"}, {"type": "text", "text": "de"}]
