@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from types import FrameType
 
 import structlog
@@ -54,5 +53,6 @@ def build_server(config: GatewayConfig) -> uvicorn.Server:
 def serve(config: GatewayConfig) -> None:
     """Serve HTTP until a signal; the gRPC port is only recorded for now."""
     log.info("grpc_not_served", grpc_port=config.grpc_port, reason="not implemented yet")
+    # After a graceful stop uvicorn re-raises the signal it caught, so a SIGTERMed gateway
+    # exits with status 143 once the lifespan has drained the bus.
     build_server(config).run()
-    log.info("gateway_stopped", signal=signal.SIGTERM.name)
