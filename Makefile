@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-unit test-integration test-e2e lint fmt typecheck bench clean
+.PHONY: help install run test test-unit test-integration test-e2e lint fmt typecheck bench bench-routing clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-18s %s\n",$$1,$$2}'
@@ -49,6 +49,12 @@ typecheck: $(STAMP) ## mypy --strict on shared/ and services/
 
 bench: $(STAMP) ## serving benchmark: c=1 and c=64 with speedup 0; prints JSON
 	$(PY) -m bench.serving $(ARGS)
+
+bench-routing: $(STAMP) ## router benchmark: decision latency, KV events/s (part a); prints JSON
+	$(PY) -m bench.routing $(ARGS)
+
+config-doc: $(STAMP) ## regenerate docs/configuration.md from the services' flags
+	$(PY) -m tools.config_doc --write
 
 clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -119,6 +119,25 @@ class ShuttingDown(ServiceUnavailable):
     code = "shutting_down"
 
 
+class AllWorkersBusy(ServiceError):
+    """Every live worker of the model is over a busy threshold (Dynamo's load shedding)."""
+
+    code = "all_workers_busy"
+    http_status = 503
+    error_type = "service_unavailable"
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after_s: float | None = 1.0) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+
+
+class AllWorkersOverloaded(AllWorkersBusy):
+    """``AllWorkersBusy`` answered with 529, as Dynamo does (``--busy-status 529``)."""
+
+    http_status = 529
+    error_type = "overloaded_error"
+
+
 class UpstreamTimeout(ServiceError):
     code = "timeout"
     http_status = 504

@@ -1,49 +1,95 @@
 """KV block hashing, compatible with Dynamo: xxh3-64 with seed 1337 over full blocks.
 
 A block's local hash is xxh3-64 of its token ids as little-endian u32. Sequence hashes chain:
-the first block's sequence hash is its local hash; each next one is xxh3-64 of
-``LE u64(parent sequence hash) + LE u64(local hash)``. A LoRA name or ``cache_salt`` changes
-the seed, so tenants never share cache.
+the first block's sequence hash is its local hash; each next one is xxh3-64 (seed 1337) of
+``LE u64(parent sequence hash) + LE u64(local hash)``. A LoRA name or a ``cache_salt`` changes
+the *local* seed exactly as Dynamo 1.6.1 does (``compute_block_hash_for_seq(tokens, block_size,
+lora_name=..., cache_namespace=...)``): ``1337 + xxh3(lora, seed 0) + xxh3(salt, seed 1)``,
+wrapping at 2**64, empty strings counting as absent. The chain seed stays 1337 (Dynamo's
+``compute_next_sequence_hash``); a salted first block already separates the whole chain.
 """
 
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Sequence
 
 import xxhash
 
 SEED = 1337
+_MASK = (1 << 64) - 1
+_PAIR = struct.Struct("<QQ")
+_xxh3 = xxhash.xxh3_64_intdigest
 
 
 def salted_seed(*, lora_name: str | None = None, cache_salt: str | None = None) -> int:
-    """The hash seed for a request: 1337 unless a LoRA name or a cache salt is given."""
-    if not lora_name and not cache_salt:
-        return SEED
-    key = f"{lora_name or ''}\x00{cache_salt or ''}".encode()
-    return xxhash.xxh3_64_intdigest(key, seed=SEED)
+    """The local-hash seed for a request: 1337 unless a LoRA name or a cache salt is given.
+
+    Matches Dynamo 1.6.1 bit for bit (golden vectors in ``tests/unit/shared/test_hashing.py``);
+    ``cache_salt`` plays the part of Dynamo's ``cache_namespace``.
+    """
+    seed = SEED
+    if lora_name:
+        seed = (seed + _xxh3(lora_name.encode(), seed=0)) & _MASK
+    if cache_salt:
+        seed = (seed + _xxh3(cache_salt.encode(), seed=1)) & _MASK
+    return seed
+
+
+def _le_u32(tokens: Sequence[int]) -> memoryview:
+    packed = array("I", tokens)
+    if packed.itemsize != 4:  # pragma: no cover - every supported platform has 4-byte "I"
+        return memoryview(struct.pack(f"<{len(tokens)}I", *tokens))
+    if struct.pack("=I", 1) != struct.pack("<I", 1):  # pragma: no cover - big-endian hosts
+        packed.byteswap()
+    return memoryview(packed).cast("B")
 
 
 def block_hash(tokens: Sequence[int], seed: int = SEED) -> int:
     """Local hash of one block of token ids."""
-    return xxhash.xxh3_64_intdigest(struct.pack(f"<{len(tokens)}I", *tokens), seed=seed)
+    return _xxh3(_le_u32(tokens), seed=seed)
 
 
 def local_block_hashes(tokens: Sequence[int], block_size: int, seed: int = SEED) -> list[int]:
     """Local hashes of every full block of ``tokens`` (a trailing partial block is ignored)."""
-    full = len(tokens) - len(tokens) % block_size
-    return [block_hash(tokens[i : i + block_size], seed) for i in range(0, full, block_size)]
+    data = _le_u32(tokens)
+    step = block_size * 4
+    full = (len(tokens) // block_size) * step
+    return [_xxh3(data[i : i + step], seed) for i in range(0, full, step)]
 
 
 def sequence_hashes(local_hashes: Sequence[int], seed: int = SEED) -> list[int]:
     """Chain local block hashes into sequence hashes (each identifies the whole prefix)."""
-    out: list[int] = []
-    parent: int | None = None
-    for h in local_hashes:
-        if parent is None:
-            seq = h
-        else:
-            seq = xxhash.xxh3_64_intdigest(struct.pack("<QQ", parent, h), seed=seed)
-        out.append(seq)
-        parent = seq
+    if not local_hashes:
+        return []
+    parent = local_hashes[0]
+    out = [parent]
+    append = out.append
+    if _PAIR.pack(1, 2) != array("Q", [1, 2]).tobytes():  # pragma: no cover - big-endian
+        for h in local_hashes[1:]:
+            parent = _xxh3(_PAIR.pack(parent, h), seed)
+            append(parent)
+        return out
+    pair = array("Q", (0, 0))  # reused buffer: LE u64 parent, LE u64 local
+    for h in local_hashes[1:]:
+        pair[0] = parent
+        pair[1] = h
+        parent = _xxh3(pair, seed)
+        append(parent)
     return out
+
+
+def prefix_hashes(
+    tokens: Sequence[int],
+    block_size: int,
+    *,
+    lora_name: str | None = None,
+    cache_salt: str | None = None,
+) -> list[int]:
+    """Sequence hashes of every full block of a prompt, salted as Dynamo salts them.
+
+    This is what a worker publishes in ``BlockStored.block_hashes`` and what the router looks up.
+    """
+    seed = salted_seed(lora_name=lora_name, cache_salt=cache_salt)
+    return sequence_hashes(local_block_hashes(tokens, block_size, seed))

@@ -293,7 +293,13 @@ class RouteDecision(Message, frozen=True):
     model: str
     mode: str
     prompt_blocks: int = 0
+    """``ceil(prompt tokens / block size)``: the KV blocks the request needs for its prompt."""
     overlap_blocks: int = 0
     prefill_tokens: int = 0
+    """New (uncached) prompt tokens the chosen worker must prefill."""
     candidates: tuple[Candidate, ...] = ()
     ts: float = 0.0
+    prompt_tokens: int = 0
+    block_hashes: tuple[int, ...] = ()
+    """Sequence hashes of the prompt's full blocks (kv modes), so peers can account the same
+    shared-prefix load and, without KV events, the same assumed cache."""

@@ -1,4 +1,5 @@
-"""``jetserve`` command line: ``jetserve up`` runs NATS, every service and mocker workers."""
+"""``jetserve`` command line: ``up`` runs NATS, every service and mocker workers; ``tap`` prints
+bus messages as JSON lines."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+from services.cli import tap
 from services.cli.stack import Stack, StackConfig, StackError
 from shared.config import env, env_help
 from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
@@ -169,9 +171,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="jetserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _up_parser(sub)
+    tap.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "up":
         sys.exit(_up(args))
+    if args.command == "tap":
+        sys.exit(tap.run(args))
 
 
 if __name__ == "__main__":

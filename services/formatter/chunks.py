@@ -47,6 +47,12 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usa
     )
 
 
+class Nvext(msgspec.Struct, kw_only=True):
+    """Response extension asked for with ``nvext.extra_fields`` (``worker_id``: who served)."""
+
+    worker_id: str | UnsetType = UNSET
+
+
 # --- chat ---------------------------------------------------------------------------------------
 
 
@@ -70,6 +76,8 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True):
     choices: list[ChunkChoice]
     usage: Usage | UnsetType | None = UNSET
     """Absent unless ``include_usage``; then ``null`` on every chunk but the last."""
+    nvext: Nvext | UnsetType = UNSET
+    """Only on the finish chunk, and only when ``nvext.extra_fields`` asked for something."""
 
 
 class ChatMessage(msgspec.Struct, kw_only=True):
@@ -91,6 +99,7 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    nvext: Nvext | UnsetType = UNSET
 
 
 # --- completions --------------------------------------------------------------------------------
@@ -110,6 +119,7 @@ class Completion(msgspec.Struct, kw_only=True):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | UnsetType | None = UNSET
+    nvext: Nvext | UnsetType = UNSET
 
 
 # --- per-request shapers ------------------------------------------------------------------------
@@ -124,10 +134,12 @@ class Shaper(Protocol):
     def delta(self, text: str, usage: Usage | None = None) -> bytes:
         """One content frame (``usage`` only with ``continuous_usage``)."""
 
-    def end(self, finish_reason: str, usage: Usage) -> bytes:
-        """The finish frame, the usage frame when asked for, and ``[DONE]``."""
+    def end(self, finish_reason: str, usage: Usage, nvext: Nvext | None = None) -> bytes:
+        """The finish frame (with ``nvext``), the usage frame when asked for, and ``[DONE]``."""
 
-    def body(self, text: str, finish_reason: str, usage: Usage) -> bytes:
+    def body(
+        self, text: str, finish_reason: str, usage: Usage, nvext: Nvext | None = None
+    ) -> bytes:
         """The whole non-streaming JSON body."""
 
 
@@ -150,7 +162,11 @@ class ChatChunks:
         self._head, self._tail = _template(_encode(self._chunk(Delta(content=_MARK))))
 
     def _chunk(
-        self, delta: Delta, finish_reason: str | None = None, usage: Usage | None = None
+        self,
+        delta: Delta,
+        finish_reason: str | None = None,
+        usage: Usage | None = None,
+        nvext: Nvext | None = None,
     ) -> ChatCompletionChunk:
         return ChatCompletionChunk(
             id=self._id,
@@ -158,6 +174,7 @@ class ChatChunks:
             model=self._open.model,
             choices=[ChunkChoice(delta=delta, finish_reason=finish_reason)],
             usage=usage if self._include_usage else UNSET,
+            nvext=UNSET if nvext is None else nvext,
         )
 
     def first(self, text: str, usage: Usage | None = None) -> bytes:
@@ -169,9 +186,9 @@ class ChatChunks:
             return self._head + _encode(text) + self._tail
         return sse(_encode(self._chunk(Delta(content=text), usage=usage)))
 
-    def end(self, finish_reason: str, usage: Usage) -> bytes:
+    def end(self, finish_reason: str, usage: Usage, nvext: Nvext | None = None) -> bytes:
         last = usage if self._continuous else None
-        out = sse(_encode(self._chunk(Delta(), finish_reason, last)))
+        out = sse(_encode(self._chunk(Delta(), finish_reason, last, nvext)))
         if self._include_usage:
             final = ChatCompletionChunk(
                 id=self._id,
@@ -183,7 +200,9 @@ class ChatChunks:
             out += sse(_encode(final))
         return out + DONE
 
-    def body(self, text: str, finish_reason: str, usage: Usage) -> bytes:
+    def body(
+        self, text: str, finish_reason: str, usage: Usage, nvext: Nvext | None = None
+    ) -> bytes:
         return _encode(
             ChatCompletion(
                 id=self._id,
@@ -193,6 +212,7 @@ class ChatChunks:
                     ChatChoice(message=ChatMessage(content=text), finish_reason=finish_reason)
                 ],
                 usage=usage,
+                nvext=UNSET if nvext is None else nvext,
             )
         )
 
@@ -211,7 +231,11 @@ class CompletionChunks:
         self._head, self._tail = _template(_encode(self._chunk(_MARK)))
 
     def _chunk(
-        self, text: str, finish_reason: str | None = None, usage: Usage | None = None
+        self,
+        text: str,
+        finish_reason: str | None = None,
+        usage: Usage | None = None,
+        nvext: Nvext | None = None,
     ) -> Completion:
         return Completion(
             id=self._id,
@@ -219,6 +243,7 @@ class CompletionChunks:
             model=self._open.model,
             choices=[CompletionChoice(text=text, finish_reason=finish_reason)],
             usage=usage if self._include_usage else UNSET,
+            nvext=UNSET if nvext is None else nvext,
         )
 
     def first(self, text: str, usage: Usage | None = None) -> bytes:
@@ -230,9 +255,9 @@ class CompletionChunks:
             return self._head + _encode(text) + self._tail
         return sse(_encode(self._chunk(text, usage=usage)))
 
-    def end(self, finish_reason: str, usage: Usage) -> bytes:
+    def end(self, finish_reason: str, usage: Usage, nvext: Nvext | None = None) -> bytes:
         last = usage if self._continuous else None
-        out = sse(_encode(self._chunk("", finish_reason, last)))
+        out = sse(_encode(self._chunk("", finish_reason, last, nvext)))
         if self._include_usage:
             final = Completion(
                 id=self._id,
@@ -244,13 +269,16 @@ class CompletionChunks:
             out += sse(_encode(final))
         return out + DONE
 
-    def body(self, text: str, finish_reason: str, usage: Usage) -> bytes:
+    def body(
+        self, text: str, finish_reason: str, usage: Usage, nvext: Nvext | None = None
+    ) -> bytes:
         body = Completion(
             id=self._id,
             created=self._open.created,
             model=self._open.model,
             choices=[CompletionChoice(text=self._echo + text, finish_reason=finish_reason)],
             usage=usage,
+            nvext=UNSET if nvext is None else nvext,
         )
         return _encode(body)
 

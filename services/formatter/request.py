@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.formatter.chunks import Shaper, Usage, shaper_for, usage
+from services.formatter.chunks import Nvext, Shaper, Usage, shaper_for, usage
 from services.formatter.detokenizer import Detokenizer
 from shared.errors import InternalError, ServiceUnavailable
 from shared.messages import StreamOpen, TokenBatch
@@ -20,6 +20,7 @@ class RequestFormatter:
     __slots__ = (
         "_continuous",
         "_detok",
+        "_echo_worker",
         "_parts",
         "_shaper",
         "_started",
@@ -29,6 +30,7 @@ class RequestFormatter:
         "next_index",
         "open",
         "started_at",
+        "worker_id",
     )
 
     def __init__(self, open_: StreamOpen, tokenizer: Any, *, now: float) -> None:
@@ -45,6 +47,9 @@ class RequestFormatter:
         """Non-streaming: the text so far."""
         self._started = False
         self._continuous = out.include_usage and out.continuous_usage
+        self._echo_worker = "worker_id" in out.extra_fields
+        self.worker_id = ""
+        """The worker that produced the tokens (``TokenBatch.worker_id``)."""
         self.cached_tokens = 0
         self.next_index = 0
         """Index the next batch should start at; a different one means a lost or repeated batch."""
@@ -73,6 +78,8 @@ class RequestFormatter:
         self.next_index = batch.index + len(batch.token_ids)
         if batch.cached_tokens:
             self.cached_tokens = batch.cached_tokens
+        if batch.worker_id:
+            self.worker_id = batch.worker_id
         text = self._detok.push(batch.token_ids, stop_token_id=batch.stop_token_id)
         finish = "stop" if self._detok.stopped else batch.finish_reason
         if finish is not None:
@@ -91,7 +98,7 @@ class RequestFormatter:
         else:
             data = shaper.delta(text, running) if text else b""
         if finish is not None:
-            data += shaper.end(finish, self._usage())
+            data += shaper.end(finish, self._usage(), self._nvext())
         return data
 
     def _collect(self, text: str, finish: str | None) -> bytes:
@@ -104,7 +111,11 @@ class RequestFormatter:
             raise InternalError("the worker failed while generating")
         if finish == "cancelled":
             raise ServiceUnavailable("the worker cancelled the request")
-        return self._shaper.body("".join(self._parts), finish, self._usage())
+        return self._shaper.body("".join(self._parts), finish, self._usage(), self._nvext())
+
+    def _nvext(self) -> Nvext | None:
+        """The response's ``nvext`` when ``nvext.extra_fields`` asked for ``worker_id``."""
+        return Nvext(worker_id=self.worker_id) if self._echo_worker else None
 
     def _usage(self) -> Usage:
         return usage(self.open.prompt_tokens, self._detok.completion_tokens, self.cached_tokens)

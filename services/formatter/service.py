@@ -37,6 +37,7 @@ from shared.messages import (
     TokenBatch,
     WorkerEvent,
 )
+from shared.metrics import ServiceMetrics, serve_metrics
 from shared.registry import ModelFiles
 from shared.subjects import Subjects, request_id_of
 
@@ -56,8 +57,11 @@ class FormatterService:
         subjects: Subjects,
         tokenizers: TokenizerCache,
         clock: Callable[[], float] = time.monotonic,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
         self._config = config
+        self.metrics = metrics or ServiceMetrics("formatter")
+        self.metrics.track_in_flight(lambda: len(self._states))
         self._nc = nc
         self._subjects = subjects
         self._tokenizers = tokenizers
@@ -110,6 +114,10 @@ class FormatterService:
 
     async def on_open(self, msg: Msg) -> None:
         """StreamOpen (request/reply): create the request's state, answer where to stream."""
+        with self.metrics.handling("stream_open"):
+            await self._on_open(msg)
+
+    async def _on_open(self, msg: Msg) -> None:
         try:
             request = codec.decode(msg.data, StreamOpen)
         except codec.DecodeError as exc:
@@ -128,6 +136,7 @@ class FormatterService:
                 raise ShuttingDown("the formatter is shutting down")
             tokenizer = await self._tokenizers.get(request.model)
         except ServiceError as exc:
+            self.metrics.error(exc.code)
             log.warning("stream_open_failed", request_id=request.request_id, code=exc.code)
             await msg.respond(codec.encode(exc.to_message(request.request_id)))
             return
@@ -143,6 +152,10 @@ class FormatterService:
 
     async def on_stream(self, msg: Msg) -> None:
         """A worker's TokenBatch or a hop's RequestFailed (or "no responders") for one request."""
+        with self.metrics.handling("stream"):
+            await self._on_stream(msg)
+
+    async def _on_stream(self, msg: Msg) -> None:
         try:
             if msg.headers and (subject := no_responders(msg)) is not None:
                 await self._fail(
@@ -190,18 +203,20 @@ class FormatterService:
         self, state: RequestFormatter, failed: RequestFailed, raw: bytes
     ) -> None:
         self._drop(failed.request_id)
+        self.metrics.error(failed.code)
         await self._nc.publish(state.open.reply_to, raw)
         log.warning("request_failed_upstream", request_id=failed.request_id, code=failed.code)
 
     async def on_cancel(self, msg: Msg) -> None:
         """Broadcast Cancel: drop the request's state if this instance holds it."""
-        try:
-            cancel = codec.decode(msg.data, Cancel)
-        except codec.DecodeError as exc:
-            log.warning("cancel_undecodable", error=str(exc))
-            return
-        if self._drop(cancel.request_id) is not None:
-            log.info("request_cancelled", request_id=cancel.request_id, reason=cancel.reason)
+        with self.metrics.handling("cancel"):
+            try:
+                cancel = codec.decode(msg.data, Cancel)
+            except codec.DecodeError as exc:
+                log.warning("cancel_undecodable", error=str(exc))
+                return
+            if self._drop(cancel.request_id) is not None:
+                log.info("request_cancelled", request_id=cancel.request_id, reason=cancel.reason)
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -218,6 +233,7 @@ class FormatterService:
         if state is None:
             log.debug("failure_dropped", request_id=request_id, code=exc.code)
             return
+        self.metrics.error(exc.code)
         await self._nc.publish(state.open.reply_to, codec.encode(exc.to_message(request_id)))
         if cancel:
             reason = exc.code
@@ -257,7 +273,9 @@ class FormatterService:
         )
 
 
-def build_service(config: FormatterConfig, nc: Client) -> FormatterService:
+def build_service(
+    config: FormatterConfig, nc: Client, *, metrics: ServiceMetrics | None = None
+) -> FormatterService:
     """Compose a formatter on ``nc``: tokenizers come from the model registry's object store."""
     subjects = Subjects(config.namespace)
     files = ModelFiles(nc.jetstream(), subjects)
@@ -265,13 +283,16 @@ def build_service(config: FormatterConfig, nc: Client) -> FormatterService:
     async def fetch(model: str) -> bytes | None:
         return await files.get(model, "tokenizer.json")
 
-    return FormatterService(config, nc, subjects=subjects, tokenizers=TokenizerCache(fetch))
+    return FormatterService(
+        config, nc, subjects=subjects, tokenizers=TokenizerCache(fetch), metrics=metrics
+    )
 
 
 async def serve(config: FormatterConfig, *, stop: asyncio.Event | None = None) -> None:
     """Run one formatter until SIGINT/SIGTERM (or ``stop``), then shut down gracefully."""
     nc = await connect(config.nats_url, name=f"formatter-{config.formatter_id}")
     service = build_service(config, nc)
+    serve_metrics(service.metrics, config.metrics_port)
     await service.start()
     try:
         await wait_for_signal(stop)

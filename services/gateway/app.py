@@ -9,11 +9,13 @@ from typing import Any
 import structlog
 from litestar import Litestar, Request, Response
 from litestar.exceptions import HTTPException
+from litestar.middleware import DefineMiddleware
 
 from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
 from services.gateway.context import RequestIdMiddleware, note_error
 from services.gateway.errors import MethodNotAllowed, error_code
+from services.gateway.metrics import GatewayMetrics
 from services.gateway.routes import Readiness, build_routes
 from shared.errors import InternalError, InvalidRequest, NotFound, ServiceError, http_status_of
 
@@ -23,10 +25,16 @@ JSON = "application/json"
 
 
 def create_app(
-    config: GatewayConfig, *, bus: GatewayBus, readiness: Readiness | None = None
+    config: GatewayConfig,
+    *,
+    bus: GatewayBus,
+    readiness: Readiness | None = None,
+    metrics: GatewayMetrics | None = None,
 ) -> Litestar:
     """The gateway's ASGI app; ``bus`` is started and stopped by the app's lifespan."""
     readiness = readiness or Readiness()
+    metrics = metrics or GatewayMetrics()
+    metrics.base.track_in_flight(lambda: bus.in_flight)
 
     @asynccontextmanager
     async def bus_lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -44,8 +52,8 @@ def create_app(
             await bus.stop()
 
     return Litestar(
-        route_handlers=build_routes(config, bus, readiness),
-        middleware=[RequestIdMiddleware],
+        route_handlers=build_routes(config, bus, readiness, metrics),
+        middleware=[DefineMiddleware(RequestIdMiddleware, metrics=metrics)],
         exception_handlers={
             ServiceError: render_service_error,
             HTTPException: render_http_exception,

@@ -32,6 +32,7 @@ from shared.errors import (
     from_message,
 )
 from shared.messages import Cancel, GatewayEvent, ModelCard, Preprocess, ResponseChunk
+from shared.metrics import ServiceMetrics
 from shared.registry import ModelFiles, WorkerDirectory
 from shared.subjects import Subjects, request_id_of
 
@@ -86,8 +87,10 @@ class GatewayBus:
         *,
         subjects: Subjects | None = None,
         clock: Callable[[], float] = time.time,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
         self._config = config
+        self._replies = (metrics or ServiceMetrics("gateway")).messages.labels("gateway", "reply")
         self.subjects = subjects or Subjects(config.namespace)
         self._clock = clock
         self._nc: Client | None = None
@@ -130,6 +133,11 @@ class GatewayBus:
     @property
     def is_connected(self) -> bool:
         return self._nc is not None and self._nc.is_connected
+
+    @property
+    def in_flight(self) -> int:
+        """Requests waiting for replies right now."""
+        return len(self._pending)
 
     # --- models ----------------------------------------------------------------------------------
 
@@ -208,6 +216,7 @@ class GatewayBus:
         log.info("request_cancelled", request_id=request_id, reason=reason)
 
     async def _on_reply(self, msg: Msg) -> None:
+        self._replies.inc()
         queue = self._pending.get(request_id_of(msg.subject))
         if queue is None:
             log.debug("reply_dropped", subject=msg.subject)

@@ -2,7 +2,8 @@
 
 A raw ASGI middleware (cheaper than Litestar's middleware classes) mints or accepts the request
 id, binds it into structlog's context vars for everything the request runs, adds the
-``X-Request-Id`` response header, and logs one line when the response is done.
+``X-Request-Id`` response header, and logs one line (and records its metrics) when the response
+is done.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from structlog.contextvars import bound_contextvars
 
+from services.gateway.metrics import GatewayMetrics
 from shared.subjects import is_token
 
 log = structlog.get_logger(__name__)
@@ -36,10 +38,14 @@ class RequestContext:
     api: str | None = None
     model: str | None = None
     error: str | None = None
-    ttft_ms: float | None = None
+    ttft_s: float | None = None
 
     def mark_first_response(self) -> None:
-        self.ttft_ms = round((time.perf_counter() - self.started_s) * 1000, 2)
+        self.ttft_s = time.perf_counter() - self.started_s
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return None if self.ttft_s is None else round(self.ttft_s * 1000, 2)
 
 
 _current: ContextVar[RequestContext] = ContextVar("jetserve_gateway_request")
@@ -71,8 +77,9 @@ def request_id_from(headers: Iterable[tuple[bytes, bytes]]) -> str:
 class RequestIdMiddleware:
     """ASGI middleware: request id in, ``X-Request-Id`` out, one log line per request."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics | None = None) -> None:
         self.app = app
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != ScopeType.HTTP:
@@ -93,13 +100,16 @@ class RequestIdMiddleware:
                 try:
                     await self.app(scope, receive, send_with_id)
                 finally:
-                    _log_finished(ctx, scope["path"])
+                    _finished(ctx, scope["path"], self.metrics)
         finally:
             _current.reset(token)
 
 
-def _log_finished(ctx: RequestContext, path: str) -> None:
-    latency_ms = round((time.perf_counter() - ctx.started_s) * 1000, 2)
+def _finished(ctx: RequestContext, path: str, metrics: GatewayMetrics | None) -> None:
+    latency_s = time.perf_counter() - ctx.started_s
+    if metrics is not None:
+        metrics.observe(path, ctx.status, latency_s, ctx.ttft_s, ctx.error)
+    latency_ms = round(latency_s * 1000, 2)
     if ctx.api is None:  # probes and listings: not worth an info line each
         log.debug("request_finished", path=path, status=ctx.status, latency_ms=latency_ms)
         return

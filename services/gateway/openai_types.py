@@ -44,6 +44,21 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     """vLLM extension: usage on every chunk."""
 
 
+NonNegativeFloat = Annotated[float, Meta(ge=0.0)]
+CacheSalt = Annotated[str, Meta(min_length=1, max_length=256)]
+
+
+class Nvext(msgspec.Struct, kw_only=True):
+    """NVIDIA's request extension (as Dynamo's frontend): routing overrides, extra fields."""
+
+    backend_instance_id: str | int | None = None
+    """Pin the request to this worker (like the ``x-worker-instance-id`` header)."""
+    overlap_score_weight: NonNegativeFloat | None = None
+    router_temperature: NonNegativeFloat | None = None
+    extra_fields: list[str] | None = None
+    """Extra response fields under ``nvext``; ``"worker_id"`` is the one served."""
+
+
 class _SamplingFields(msgspec.Struct, kw_only=True):
     """Fields shared by chat and completions (OpenAI plus the vLLM extensions)."""
 
@@ -67,6 +82,10 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     stop_token_ids: list[NonNegativeInt] | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
+    # routing extensions
+    nvext: Nvext | None = None
+    cache_salt: CacheSalt | None = None
+    """Tenant isolation: requests with different salts never share KV-cache blocks."""
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):

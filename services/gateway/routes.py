@@ -1,4 +1,4 @@
-"""HTTP routes: OpenAI chat/completions, ``/v1/models``, ``/health``, ``/live``.
+"""HTTP routes: OpenAI chat/completions, ``/v1/models``, ``/health``, ``/live``, ``/metrics``.
 
 Handlers are built by ``build_routes`` as closures over their collaborators, so the hot path
 has no dependency injection. Each one is "decode, check, submit, respond"; the response waits
@@ -28,11 +28,13 @@ from services.gateway.bus import GatewayBus, Reply
 from services.gateway.config import GatewayConfig
 from services.gateway.context import current_request, note_error
 from services.gateway.errors import ClientDisconnected, error_code
+from services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from services.gateway.translate import (
     chat_to_preprocess,
     completion_to_preprocess,
     parse_chat,
     parse_completion,
+    routing_headers,
 )
 from shared.errors import InternalError, ServiceError, ShuttingDown
 from shared.messages import Preprocess, ResponseChunk
@@ -56,9 +58,13 @@ class Readiness:
 
 
 def build_routes(
-    config: GatewayConfig, bus: GatewayBus, readiness: Readiness
+    config: GatewayConfig,
+    bus: GatewayBus,
+    readiness: Readiness,
+    metrics: GatewayMetrics | None = None,
 ) -> list[HTTPRouteHandler]:
-    """The gateway's route handlers, bound to ``bus`` and ``readiness``."""
+    """The gateway's route handlers, bound to ``bus``, ``readiness`` and ``metrics``."""
+    metrics = metrics or GatewayMetrics()
     relay = _Relay(config, bus, readiness)
 
     @post("/v1/chat/completions", status_code=200, include_in_schema=False)
@@ -67,7 +73,10 @@ def build_routes(
         ctx.api = "chat"
         chat = parse_chat(await request.body())
         ctx.model = chat.model
-        return await relay.run(request, chat.model, partial(chat_to_preprocess, chat))
+        headers = routing_headers(request.scope["headers"])
+        return await relay.run(
+            request, chat.model, partial(chat_to_preprocess, chat, headers=headers)
+        )
 
     @post("/v1/completions", status_code=200, include_in_schema=False)
     async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
@@ -75,8 +84,11 @@ def build_routes(
         ctx.api = "completion"
         completion = parse_completion(await request.body())
         ctx.model = completion.model
+        headers = routing_headers(request.scope["headers"])
         return await relay.run(
-            request, completion.model, partial(completion_to_preprocess, completion)
+            request,
+            completion.model,
+            partial(completion_to_preprocess, completion, headers=headers),
         )
 
     @get("/v1/models", include_in_schema=False)
@@ -111,7 +123,11 @@ def build_routes(
     async def live() -> Response[bytes]:
         return Response(b'{"status":"ok"}', media_type=JSON)
 
-    return [chat_completions, completions, list_models, health, live]
+    @get("/metrics", include_in_schema=False)
+    async def prometheus() -> Response[bytes]:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+
+    return [chat_completions, completions, list_models, health, live, prometheus]
 
 
 class _Relay:

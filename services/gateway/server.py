@@ -10,7 +10,9 @@ import uvicorn
 from services.gateway.app import create_app
 from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
+from services.gateway.metrics import GatewayMetrics
 from services.gateway.routes import Readiness
+from shared.metrics import serve_metrics
 
 log = structlog.get_logger(__name__)
 
@@ -30,7 +32,11 @@ class _Server(uvicorn.Server):
 def build_server(config: GatewayConfig) -> uvicorn.Server:
     """A uvicorn server for the gateway app; ``run()`` it to serve until SIGTERM/SIGINT."""
     readiness = Readiness()
-    app = create_app(config, bus=GatewayBus(config), readiness=readiness)
+    metrics = GatewayMetrics()
+    bus = GatewayBus(config, metrics=metrics.base)
+    app = create_app(config, bus=bus, readiness=readiness, metrics=metrics)
+    # /metrics is served on the HTTP port; --metrics-port adds a separate listener if set.
+    serve_metrics(metrics.base, config.metrics_port)
     # uvloop and asyncio both set TCP_NODELAY on accepted sockets (checked), so a kept-alive
     # client never waits on a delayed ACK.
     server_config = uvicorn.Config(

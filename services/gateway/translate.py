@@ -7,6 +7,8 @@ offending field, never as a 500.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
@@ -17,7 +19,8 @@ from services.gateway.openai_types import (
     CompletionRequest,
 )
 from shared.errors import InvalidRequest
-from shared.messages import OutputOptions, Preprocess, SamplingParams
+from shared.messages import OutputOptions, Preprocess, RoutingHints, SamplingParams
+from shared.subjects import is_token
 
 T = TypeVar("T")
 
@@ -29,6 +32,36 @@ _COMPLETION_DECODER = msgspec.json.Decoder(CompletionRequest)
 _AT_PATH = re.compile(r"^(?P<detail>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
 _CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool"})
+
+TENANT_HEADER = b"x-tenant-id"
+WORKER_HEADER = b"x-worker-instance-id"
+EXTRA_FIELDS = frozenset({"worker_id"})
+"""``nvext.extra_fields`` values served; others are ignored (as Dynamo ignores unknown ones)."""
+MAX_SALT_LEN = 256
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingHeaders:
+    """The routing headers of one HTTP request (``x-tenant-id``, ``x-worker-instance-id``)."""
+
+    tenant_id: str | None = None
+    worker_instance_id: str | None = None
+
+
+NO_HEADERS = RoutingHeaders()
+
+
+def routing_headers(headers: Iterable[tuple[bytes, bytes]]) -> RoutingHeaders:
+    """Pick the routing headers out of raw ASGI headers (names are lower-case there)."""
+    tenant = worker = None
+    for name, value in headers:
+        if name == TENANT_HEADER:
+            tenant = value.decode("latin-1").strip() or None
+        elif name == WORKER_HEADER:
+            worker = value.decode("latin-1").strip() or None
+    if tenant is None and worker is None:
+        return NO_HEADERS
+    return RoutingHeaders(tenant_id=tenant, worker_instance_id=worker)
 
 
 def parse_chat(body: bytes) -> ChatCompletionRequest:
@@ -54,8 +87,10 @@ def chat_to_preprocess(
     reply_to: str,
     created: int,
     deadline_ms: int = 0,
+    headers: RoutingHeaders = NO_HEADERS,
 ) -> Preprocess:
     """The bus form of a validated chat request."""
+    routing, worker_id = _routing(request, headers)
     tools = None
     if request.tools and request.tool_choice != "none":
         tools = tuple(request.tools)
@@ -75,6 +110,8 @@ def chat_to_preprocess(
         sampling=_sampling(request, max_tokens),
         output=_output(request, echo=False),
         deadline_ms=deadline_ms,
+        routing=routing,
+        worker_id=worker_id,
     )
 
 
@@ -85,8 +122,10 @@ def completion_to_preprocess(
     reply_to: str,
     created: int,
     deadline_ms: int = 0,
+    headers: RoutingHeaders = NO_HEADERS,
 ) -> Preprocess:
     """The bus form of a validated completion request."""
+    routing, worker_id = _routing(request, headers)
     prompt, token_ids = _prompt(request.prompt)
     return Preprocess(
         request_id=request_id,
@@ -100,6 +139,8 @@ def completion_to_preprocess(
         sampling=_sampling(request, request.max_tokens),
         output=_output(request, echo=_flag(request.echo, default=False)),
         deadline_ms=deadline_ms,
+        routing=routing,
+        worker_id=worker_id,
     )
 
 
@@ -233,7 +274,60 @@ def _output(request: ChatCompletionRequest | CompletionRequest, *, echo: bool) -
         include_stop_str_in_output=_flag(request.include_stop_str_in_output, default=False),
         skip_special_tokens=_flag(request.skip_special_tokens, default=True),
         echo=echo,
+        extra_fields=_extra_fields(request),
     )
+
+
+def _extra_fields(request: ChatCompletionRequest | CompletionRequest) -> tuple[str, ...]:
+    nvext = request.nvext
+    if nvext is None or not nvext.extra_fields:
+        return ()
+    return tuple(sorted(EXTRA_FIELDS.intersection(nvext.extra_fields)))
+
+
+def _routing(
+    request: ChatCompletionRequest | CompletionRequest, headers: RoutingHeaders
+) -> tuple[RoutingHints | None, str | None]:
+    """``Preprocess.routing`` and ``Preprocess.worker_id`` from ``nvext``, body and headers.
+
+    ``cache_salt`` (body) wins over ``x-tenant-id``; a pinned worker comes from
+    ``nvext.backend_instance_id`` or ``x-worker-instance-id`` (both given must agree).
+    """
+    nvext = request.nvext
+    pinned = nvext.backend_instance_id if nvext is not None else None
+    worker_id = _pinned_worker(None if pinned is None else str(pinned), headers.worker_instance_id)
+    salt = request.cache_salt
+    if salt is None and headers.tenant_id is not None:
+        if len(headers.tenant_id) > MAX_SALT_LEN:
+            raise InvalidRequest(
+                f"`x-tenant-id` may be at most {MAX_SALT_LEN} characters.", param="x-tenant-id"
+            )
+        salt = headers.tenant_id
+    weight = nvext.overlap_score_weight if nvext is not None else None
+    temperature = nvext.router_temperature if nvext is not None else None
+    if salt is None and weight is None and temperature is None:
+        return None, worker_id
+    hints = RoutingHints(
+        overlap_score_weight=weight, router_temperature=temperature, cache_salt=salt
+    )
+    return hints, worker_id
+
+
+def _pinned_worker(from_body: str | None, from_header: str | None) -> str | None:
+    for value, param in (
+        (from_body, "nvext.backend_instance_id"),
+        (from_header, "x-worker-instance-id"),
+    ):
+        if value is not None and not is_token(value):
+            raise InvalidRequest(
+                f"`{param}` must be a worker id (letters, digits, `_` and `-`).", param=param
+            )
+    if from_body is not None and from_header is not None and from_body != from_header:
+        raise InvalidRequest(
+            "`nvext.backend_instance_id` and `x-worker-instance-id` name different workers.",
+            param="nvext.backend_instance_id",
+        )
+    return from_body or from_header
 
 
 def _or(value: float | None, default: float) -> float:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from shared.config import CommonConfig, add_common_options, env, env_help
+from shared.kv_stream import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES
 from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
 from shared.registry import DEFAULT_WORKER_TTL_S
 from shared.subjects import check_token
@@ -41,6 +42,12 @@ class MockerConfig(CommonConfig):
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     num_gpu_blocks_override: int = 16384
+    enable_prefix_caching: bool = True
+    """Reuse full KV blocks across requests by hash (and publish KV events)."""
+    kv_stream_max_age_s: float = DEFAULT_MAX_AGE_S
+    """Retention of the KV-events stream by age (the stream is created or updated to it)."""
+    kv_stream_max_bytes: int = DEFAULT_MAX_BYTES
+    """Retention of the KV-events stream by size."""
     worker_ttl_s: float = DEFAULT_WORKER_TTL_S
     context_length: int = 0
     """0 = the model's own (``config.json``)."""
@@ -58,6 +65,8 @@ class MockerConfig(CommonConfig):
             raise ValueError("--num-gpu-blocks-override must be at least 1")
         if self.speedup_ratio < 0:
             raise ValueError("--speedup-ratio must be >= 0 (0 = no sleeping)")
+        if self.kv_stream_max_age_s <= 0 or self.kv_stream_max_bytes < 1:
+            raise ValueError("--kv-stream-max-age-s and --kv-stream-max-bytes must be > 0")
         if self.worker_ttl_s <= 0:
             raise ValueError("--worker-ttl-s must be > 0")
 
@@ -99,6 +108,15 @@ class MockerConfig(CommonConfig):
         opt("--max-num-batched-tokens", 8192, "Token budget per engine step")
         opt("--block-size", 16, "KV block size in tokens")
         opt("--num-gpu-blocks-override", 16384, "Simulated KV cache size in blocks")
+        var = _P + "ENABLE_PREFIX_CACHING"
+        parser.add_argument(
+            "--enable-prefix-caching",
+            action=argparse.BooleanOptionalAction,
+            default=env(var, True),
+            help=env_help("Reuse cached KV blocks across requests (prefix caching)", var),
+        )
+        opt("--kv-stream-max-age-s", DEFAULT_MAX_AGE_S, "KV-events stream retention (seconds)")
+        opt("--kv-stream-max-bytes", DEFAULT_MAX_BYTES, "KV-events stream retention (bytes)")
         opt(
             "--worker-ttl-s",
             ttl_default,

@@ -1,8 +1,10 @@
 """Simulated vLLM-like engine: waiting/running queues, a per-step token budget with chunked
-prefill, one token per running decode request per step, deterministic tokens from a corpus.
+prefill, a paged KV cache with prefix reuse, preemption by recompute, deterministic tokens.
 
 Pure: no I/O, no real sleeping. The clock is injected, randomness comes from seeds, and
 ``step()`` returns what each request emitted plus how long the step would take on a GPU.
+As in vLLM v1, every running request is scheduled ``tokens - computed`` new tokens (a prompt
+chunk, or the one token to decode); a request that completes its tokens samples one more.
 """
 
 from __future__ import annotations
@@ -11,81 +13,30 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
+from services.mocker.kv_cache import KvCache
+from services.mocker.records import (
+    Emission,
+    EngineConfig,
+    EngineError,
+    EngineLoad,
+    EngineStats,
+    StepOutput,
+)
+from services.mocker.sequence import EngineRequest
 from services.mocker.timing import PolynomialTiming
-from shared.hashing import block_hash
-from shared.messages import FinishReason, SamplingParams
+from shared.hashing import SEED, block_hash
+from shared.messages import AnyKvEvent, FinishReason, SamplingParams
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EngineConfig:
-    """Scheduler limits and the simulated GPU's KV capacity."""
-
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    block_size: int = 16
-    num_gpu_blocks: int = 16384
-    seed: int = 0
-    speedup_ratio: float = 1.0
-    eos_token_ids: tuple[int, ...] = ()
-    """The model's EOS ids; the first ends text at the corpus end when a request names none."""
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return self.num_gpu_blocks * self.block_size
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Emission:
-    """What one request produced in one step (or on cancel)."""
-
-    request_id: str
-    token_ids: tuple[int, ...]
-    index: int
-    """Position of ``token_ids[0]`` in the request's generated sequence."""
-    finish_reason: FinishReason | None = None
-    stop_token_id: int | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class StepOutput:
-    """The result of one ``step()``: emissions in running order and the simulated duration."""
-
-    emissions: list[Emission]
-    duration_s: float
-    prefill_tokens: int
-    decode_seqs: int
-
-
-@dataclass(slots=True, kw_only=True, eq=False)
-class EngineRequest:
-    """One request inside the engine (compared by identity)."""
-
-    request_id: str
-    prompt: tuple[int, ...]
-    sampling: SamplingParams
-    eos_token_id: int | None
-    cursor: int
-    """Next corpus position to emit."""
-    arrival_s: float
-    num_computed: int = 0
-    """Prompt tokens prefilled so far (chunked prefill advances this)."""
-    output: list[int] = field(default_factory=list)
-
-    @property
-    def is_prefilling(self) -> bool:
-        return self.num_computed < len(self.prompt)
-
-    @property
-    def kv_tokens(self) -> int:
-        return self.num_computed + len(self.output)
-
-
-class EngineError(ValueError):
-    """A request the engine can never run (empty prompt, larger than the KV cache, ...)."""
+__all__ = [
+    "Emission",
+    "Engine",
+    "EngineConfig",
+    "EngineError",
+    "EngineLoad",
+    "EngineStats",
+    "StepOutput",
+]
 
 
 class Engine:
@@ -102,6 +53,12 @@ class Engine:
         if not corpus:
             raise ValueError("the corpus must not be empty")
         self.config = config
+        self.cache = KvCache(
+            config.num_gpu_blocks,
+            config.block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+        )
+        self.stats = EngineStats()
         self._corpus = tuple(corpus)
         self._timing = timing or PolynomialTiming()
         self._clock = clock
@@ -125,14 +82,34 @@ class Engine:
 
     @property
     def active_kv_tokens(self) -> int:
-        return sum(s.kv_tokens for s in self._running)
+        return sum(s.num_computed for s in self._running)
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._by_id
 
+    def load(self) -> EngineLoad:
+        """Queue lengths, KV blocks in use and prompt tokens still to prefill."""
+        pending = sum(s.num_tokens - s.num_computed for s in self._waiting)
+        pending += sum(len(s.prompt) - s.num_computed for s in self._running if s.is_prefilling)
+        return EngineLoad(
+            active=len(self._running),
+            waiting=len(self._waiting),
+            kv_used_blocks=self.cache.used_blocks,
+            kv_total_blocks=self.cache.num_blocks,
+            prefill_tokens=max(0, pending),
+        )
+
     # --- commands --------------------------------------------------------------------------------
 
-    def add(self, request_id: str, prompt: Sequence[int], sampling: SamplingParams) -> None:
+    def add(
+        self,
+        request_id: str,
+        prompt: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        hash_seed: int = SEED,
+        lora_name: str | None = None,
+    ) -> None:
         """Queue a request; its output starts at a corpus offset drawn from its seed."""
         if request_id in self._by_id:
             raise EngineError(f"request {request_id} is already in the engine")
@@ -140,7 +117,7 @@ class Engine:
             raise EngineError("the prompt must contain at least one token")
         if sampling.max_tokens < 1:
             raise EngineError("max_tokens must be at least 1")
-        if self._blocks_for(len(prompt) + 1) > self.config.num_gpu_blocks:
+        if len(prompt) + 1 > self.config.kv_capacity_tokens:
             raise EngineError("the prompt does not fit in the KV cache")
         seq = EngineRequest(
             request_id=request_id,
@@ -149,19 +126,20 @@ class Engine:
             eos_token_id=self._eos_for(sampling),
             cursor=self.start_offset(prompt, sampling),
             arrival_s=self._clock(),
+            block_size=self.config.block_size,
+            hash_seed=hash_seed,
+            lora_name=lora_name,
         )
         self._waiting.append(seq)
         self._by_id[request_id] = seq
+        self.stats.prompt_tokens += len(prompt)
 
     def cancel(self, request_id: str) -> Emission | None:
         """Remove a request at once; the final (empty) emission says ``cancelled``."""
-        seq = self._by_id.pop(request_id, None)
+        seq = self._by_id.get(request_id)
         if seq is None:
             return None
-        if seq in self._running:
-            self._running.remove(seq)
-        else:
-            self._waiting.remove(seq)
+        self._free(seq)
         return Emission(
             request_id=request_id,
             token_ids=(),
@@ -174,31 +152,39 @@ class Engine:
         """Cancel every request (shutdown)."""
         return [e for rid in list(self._by_id) if (e := self.cancel(rid)) is not None]
 
+    def reset_cache(self) -> None:
+        """Drop every free cached block; records ``AllBlocksCleared`` (called at start)."""
+        self.cache.clear()
+
+    def take_kv_events(self) -> list[AnyKvEvent]:
+        """KV events (stored, removed, cleared) since the last call, in order."""
+        return self.cache.take_events()
+
     def step(self) -> StepOutput:
-        """Schedule within the budget, advance prefill chunks, emit one token per decode."""
-        scheduled = self._schedule()
+        """Schedule within the budget, compute each scheduled chunk, emit completed requests."""
         emissions: list[Emission] = []
-        prefill_tokens = 0
-        decode_seqs = 0
-        for seq, num_tokens in scheduled:
-            if seq.is_prefilling:
-                seq.num_computed += num_tokens
-                prefill_tokens += num_tokens
-                if seq.is_prefilling:
-                    continue  # chunked: more prompt left for the next step
-            else:
+        prefill_tokens = decode_seqs = 0
+        for seq, n in self._schedule():
+            if seq.output and seq.num_computed + 1 == seq.num_tokens:
                 decode_seqs += 1
-            emissions.append(self._emit(seq))
-        duration_s = self._timing.step_s(
-            prefill_tokens=prefill_tokens,
-            decode_seqs=decode_seqs,
-            active_kv_tokens=self.active_kv_tokens,
-            total_kv_tokens=self.config.kv_capacity_tokens,
-            speedup_ratio=self.config.speedup_ratio,
-        )
+            else:
+                prefill_tokens += n  # a prompt chunk, or a recompute after preemption
+            seq.num_computed += n
+            self._commit_full_blocks(seq)
+            if seq.num_computed == seq.num_tokens:
+                emissions.append(self._emit(seq))
+        duration_s = 0.0
+        if self.config.speedup_ratio > 0:
+            duration_s = self._timing.step_s(
+                prefill_tokens=prefill_tokens,
+                decode_seqs=decode_seqs,
+                active_kv_tokens=self.active_kv_tokens,
+                total_kv_tokens=self.config.kv_capacity_tokens,
+                speedup_ratio=self.config.speedup_ratio,
+            )
         for e in emissions:
             if e.finish_reason is not None:
-                self._free(e.request_id)
+                self._free(self._by_id[e.request_id])
         return StepOutput(emissions, duration_s, prefill_tokens, decode_seqs)
 
     # --- internals -------------------------------------------------------------------------------
@@ -218,39 +204,79 @@ class Engine:
         return -(-tokens // self.config.block_size)
 
     def _schedule(self) -> list[tuple[EngineRequest, int]]:
+        """Running requests first (preempting the newest when blocks run out), then admit."""
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[EngineRequest, int]] = []
-        for seq in self._running:
-            if budget <= 0:
-                break
-            n = min(len(seq.prompt) - seq.num_computed, budget) if seq.is_prefilling else 1
-            scheduled.append((seq, n))
-            budget -= n
-        used_blocks = sum(
-            self._blocks_for(len(s.prompt) + len(s.output) + 1) for s in self._running
-        )
+        has_preempted = False
+        i = 0
+        while i < len(self._running) and budget > 0:
+            seq = self._running[i]
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            need = self._blocks_for(seq.num_computed + n)
+            while not self.cache.allocate(seq.table, (), need):
+                has_preempted = True
+                victim = self._running.pop()
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                scheduled.append((seq, n))
+                budget -= n
+                i += 1
+                continue
+            break
+        if has_preempted:
+            return scheduled  # as vLLM: no admission in a step that had to preempt
         while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
             seq = self._waiting[0]
-            need = self._blocks_for(len(seq.prompt) + 1)
-            if used_blocks + need > self.config.num_gpu_blocks:
-                break  # FCFS: wait until running requests free their blocks
+            # Reuse at most tokens - 1: the last token must be computed to sample the next one.
+            hits = self.cache.match(seq.full_block_hashes((seq.num_tokens - 1) // seq.block_size))
+            computed = len(hits) * seq.block_size
+            n = min(seq.num_tokens - computed, budget)
+            if not self.cache.allocate(seq.table, hits, self._blocks_for(computed + n)):
+                break  # FCFS: wait until running requests free blocks
             self._waiting.popleft()
             self._running.append(seq)
-            used_blocks += need
-            n = min(len(seq.prompt), budget)
+            seq.num_computed = computed
+            if seq.is_prefilling:
+                seq.cached_tokens = computed
+                self.stats.cache_hit_tokens += computed
             scheduled.append((seq, n))
             budget -= n
         return scheduled
 
+    def _preempt(self, seq: EngineRequest) -> None:
+        """Recompute preemption: free the request's blocks and put it first in line again."""
+        self.cache.release(seq.table)
+        seq.num_computed = 0
+        self._waiting.appendleft(seq)
+        self.stats.preemptions += 1
+
+    def _commit_full_blocks(self, seq: EngineRequest) -> None:
+        """Make the blocks the step filled cacheable (prompt and generated blocks alike)."""
+        if not self.cache.enable_prefix_caching:
+            return
+        table, bs = seq.table, seq.block_size
+        full = seq.num_computed // bs
+        if len(table.hashes) >= full:
+            return
+        hashes = seq.full_block_hashes(full)
+        for i in range(len(table.hashes), full):
+            parent = hashes[i - 1] if i else None
+            tokens = seq.tokens(i * bs, (i + 1) * bs)
+            self.cache.commit(table, hashes[i], parent, tokens, seq.lora_name)
+
     def _emit(self, seq: EngineRequest) -> Emission:
         index = len(seq.output)
-        token, stop_id = self._next_token(seq)
+        token, stop_id = seq.next_token(self._corpus)
         seq.output.append(token)
         finish: FinishReason | None = None
         if stop_id is not None:
             finish = "stop"
         elif len(seq.output) >= seq.sampling.max_tokens:
             finish = "length"
+        elif seq.num_tokens > self.config.kv_capacity_tokens:
+            finish = "length"  # the next token's KV would not fit even with the cache to itself
         return Emission(
             request_id=seq.request_id,
             token_ids=(token,),
@@ -258,27 +284,13 @@ class Engine:
             finish_reason=finish,
             stop_token_id=stop_id,
             prompt_tokens=len(seq.prompt) if index == 0 else 0,
+            cached_tokens=seq.cached_tokens if index == 0 else 0,
         )
 
-    def _next_token(self, seq: EngineRequest) -> tuple[int, int | None]:
-        """The next corpus token, or EOS at the corpus end; a stop id also returns itself."""
-        sampling = seq.sampling
-        may_stop = len(seq.output) >= sampling.min_tokens
-        for _ in range(2 * len(self._corpus) + 1):
-            if seq.cursor >= len(self._corpus):
-                if may_stop and not sampling.ignore_eos and seq.eos_token_id is not None:
-                    return seq.eos_token_id, seq.eos_token_id
-                seq.cursor = 0  # wrap around: ignore_eos, min_tokens, or no EOS known
-            token = self._corpus[seq.cursor]
-            seq.cursor += 1
-            if token not in sampling.stop_token_ids:
-                return token, None
-            if may_stop:
-                return token, token
-            # min_tokens not reached: the stop id is suppressed, as vLLM masks its logit
-        return self._corpus[0], None  # the corpus is nothing but stop ids: give up on skipping
-
-    def _free(self, request_id: str) -> None:
-        seq = self._by_id.pop(request_id, None)
-        if seq is not None and seq in self._running:
+    def _free(self, seq: EngineRequest) -> None:
+        del self._by_id[seq.request_id]
+        if seq in self._running:
             self._running.remove(seq)
+        else:
+            self._waiting.remove(seq)
+        self.cache.release(seq.table)

@@ -51,6 +51,8 @@ class Outbox:
         stream = self._streams.get(emission.request_id)
         if stream is None or stream.finish_reason is not None:
             return False  # cancelled or finished meanwhile: drop what the step produced
+        if emission.cached_tokens:
+            stream.cached_tokens = emission.cached_tokens  # known once the engine admitted it
         stream.tokens.extend(emission.token_ids)
         if emission.finish_reason is not None:
             stream.finish_reason = emission.finish_reason

@@ -1,305 +1,74 @@
-"""Mocker wiring: NATS subscriptions → engine → ``TokenBatch`` messages; registration; shutdown.
+"""Mocker wiring: one NATS connection, the model's files and card, and ``num_workers`` workers.
 
-One process hosts ``num_workers`` simulated workers on one connection. Each worker has its own
-id, card, ``generate`` subscription, ``cancel`` subscription, engine and engine-loop task.
+Each worker (``worker.py``) has its own id, card, ``generate``/``cancel``/``kv_dump``
+subscriptions, engine, engine-loop task and KV event sender; the KV-events stream is ensured
+once per process before any worker publishes to it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import structlog
 from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
-from structlog.contextvars import bound_contextvars
 
 from services.mocker.config import MockerConfig
-from services.mocker.corpus import corpus_token_ids
-from services.mocker.engine import Engine, EngineConfig, EngineError
-from services.mocker.outbox import Outbox
-from shared import codec
-from shared.bus import barrier, connect, wait_for_signal
-from shared.errors import (
-    ContextLengthExceeded,
-    InternalError,
-    InvalidRequest,
-    ModelNotFound,
-    ServiceError,
-    ShuttingDown,
-)
-from shared.messages import Cancel, Generate, ModelCard, WorkerCard
-from shared.model_dir import context_length, eos_token_ids
-from shared.registry import WorkerRegistration, publish_model
+from services.mocker.metrics import MockerMetrics
+from services.mocker.model import ModelInfo, load_model_info
+from services.mocker.worker import MockWorker
+from shared.bus import connect, wait_for_signal
+from shared.kv_stream import ensure_kv_stream
+from shared.messages import ModelCard
+from shared.metrics import serve_metrics
+from shared.registry import publish_model
 from shared.subjects import Subjects
 
+__all__ = ["MockWorker", "Mocker", "ModelInfo", "load_model_info", "serve"]
+
 log = structlog.get_logger(__name__)
-
-FLUSH_EVERY_STEPS = 8
-"""At speedup 0, publish buffered tokens (and yield) after this many back-to-back steps ..."""
-FLUSH_INTERVAL_S = 0.001
-"""... or after this much wall time, whichever comes first."""
-MAX_TIMING_DEBT_S = 0.05
-"""When publishing falls behind the simulated clock, forgive at most this much lag."""
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    """What every worker of the process serves: read once from the model directory."""
-
-    model_dir: Path
-    corpus: tuple[int, ...]
-    eos_token_ids: tuple[int, ...]
-    context_length: int
-
-
-def load_model_info(config: MockerConfig) -> ModelInfo:
-    """Resolve the model directory, tokenize the corpus, read EOS ids and context length."""
-    model_dir = config.resolved_model_dir()
-    return ModelInfo(
-        model_dir=model_dir,
-        corpus=corpus_token_ids(model_dir),
-        eos_token_ids=eos_token_ids(model_dir),
-        context_length=config.context_length or context_length(model_dir),
-    )
-
-
-class MockWorker:
-    """One simulated GPU worker: its subscriptions, its engine loop and its registry card."""
-
-    def __init__(
-        self, nc: Client, subjects: Subjects, config: MockerConfig, model: ModelInfo, worker_id: str
-    ) -> None:
-        self.worker_id = worker_id
-        self._nc = nc
-        self._subjects = subjects
-        self._config = config
-        self._model = model
-        self.engine = Engine(
-            EngineConfig(
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                block_size=config.block_size,
-                num_gpu_blocks=config.num_gpu_blocks_override,
-                seed=config.seed,
-                speedup_ratio=config.speedup_ratio,
-                eos_token_ids=model.eos_token_ids,
-            ),
-            model.corpus,
-        )
-        self._outbox = Outbox(worker_id)
-        card = WorkerCard(
-            worker_id=worker_id,
-            model=config.model_name,
-            kind="mocker",
-            block_size=config.block_size,
-            kv_blocks=config.num_gpu_blocks_override,
-            max_num_seqs=config.max_num_seqs,
-            context_length=model.context_length,
-        )
-        self._registration = WorkerRegistration(
-            nc.jetstream(), subjects, card, ttl_s=config.worker_ttl_s
-        )
-        self._subs: list[Subscription] = []
-        self._wake = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._accepting = False
-        self._loop_task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        """Subscribe, start the engine loop, then register (so the card means "ready")."""
-        self._accepting = True
-        self._subs.append(
-            await self._nc.subscribe(self._subjects.generate(self.worker_id), cb=self.on_generate)
-        )
-        self._subs.append(await self._nc.subscribe(self._subjects.cancel, cb=self.on_cancel))
-        await barrier(self._nc)  # subscribed on the server before the card says "ready"
-        self._loop_task = asyncio.create_task(self._loop(), name=f"engine-{self.worker_id}")
-        await self._registration.start()
-        log.info("worker_started", worker_id=self.worker_id, model=self._config.model_name)
-
-    async def stop(self, grace_s: float) -> None:
-        """Leave the registry, stop taking work, finish in-flight work (bounded), then stop."""
-        self._accepting = False
-        await self._registration.stop()
-        if self._subs:
-            with contextlib.suppress(Exception):
-                await self._subs[0].unsubscribe()
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout=grace_s)
-        except TimeoutError:
-            cancelled = self.engine.cancel_all()
-            log.warning("requests_cancelled_on_shutdown", count=len(cancelled))
-            for emission in cancelled:
-                self._outbox.add(emission)
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
-        await self._flush(self._outbox.dirty())
-        for sub in self._subs[1:]:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        log.info("worker_stopped", worker_id=self.worker_id)
-
-    # --- handlers --------------------------------------------------------------------------------
-
-    async def on_generate(self, msg: Msg) -> None:
-        try:
-            gen = codec.decode(msg.data, Generate)
-        except codec.DecodeError as exc:
-            log.warning("bad_message", subject=msg.subject, error=str(exc))
-            return
-        with bound_contextvars(request_id=gen.request_id, worker_id=self.worker_id):
-            try:
-                self._admit(gen)
-            except ServiceError as exc:
-                log.warning("request_rejected", code=exc.code, error=exc.message)
-                await self._nc.publish(gen.stream_to, codec.encode(exc.to_message(gen.request_id)))
-            except Exception:
-                log.exception("request_failed")
-                failed = InternalError("the worker failed to accept the request")
-                await self._nc.publish(
-                    gen.stream_to, codec.encode(failed.to_message(gen.request_id))
-                )
-
-    def _admit(self, gen: Generate) -> None:
-        if not self._accepting:
-            raise ShuttingDown(f"worker {self.worker_id} is shutting down")
-        if gen.model != self._config.model_name:
-            raise ModelNotFound(gen.model)
-        if gen.request_id in self.engine or gen.request_id in self._outbox:
-            log.warning("duplicate_request_ignored")
-            return
-        prompt_tokens = len(gen.token_ids)
-        requested = prompt_tokens + gen.sampling.max_tokens
-        if requested > self._model.context_length:
-            raise ContextLengthExceeded(
-                limit=self._model.context_length, requested=requested, prompt_tokens=prompt_tokens
-            )
-        try:
-            self.engine.add(gen.request_id, gen.token_ids, gen.sampling)
-        except EngineError as exc:
-            raise InvalidRequest(str(exc)) from exc
-        self._outbox.open(gen.request_id, gen.stream_to, prompt_tokens=prompt_tokens)
-        log.debug("request_received", prompt_tokens=prompt_tokens)
-        self._idle.clear()
-        self._wake.set()
-
-    async def on_cancel(self, msg: Msg) -> None:
-        try:
-            cancel = codec.decode(msg.data, Cancel)
-        except codec.DecodeError as exc:
-            log.warning("bad_message", subject=msg.subject, error=str(exc))
-            return
-        emission = self.engine.cancel(cancel.request_id)
-        if emission is None:
-            return  # not ours (cancel is a broadcast) or already finished
-        self._outbox.add(emission)
-        log.info(
-            "request_cancelled",
-            request_id=cancel.request_id,
-            worker_id=self.worker_id,
-            reason=cancel.reason,
-        )
-        await self._flush([cancel.request_id])
-        if not self.engine.has_work:
-            self._idle.set()
-
-    # --- engine loop -----------------------------------------------------------------------------
-
-    async def _loop(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self._run_until_idle()
-            except Exception:
-                log.exception("engine_loop_failed")
-                await self._fail_all()
-            if not self.engine.has_work:
-                self._idle.set()
-
-    async def _run_until_idle(self) -> None:
-        """Step while there is work; sleep the simulated time, or burst at speedup 0."""
-        is_sleeping = self._config.speedup_ratio > 0
-        deadline = time.perf_counter()
-        burst_start, burst_steps = deadline, 0
-        while self.engine.has_work:
-            out = self.engine.step()
-            if is_sleeping:
-                now = time.perf_counter()
-                deadline = max(deadline, now - MAX_TIMING_DEBT_S) + out.duration_s
-                await asyncio.sleep(max(0.0, deadline - now))
-            urgent = [e.request_id for e in out.emissions if self._outbox.add(e)]
-            if is_sleeping:
-                await self._flush(self._outbox.dirty())
-                continue
-            await self._flush(urgent)
-            burst_steps += 1
-            if burst_steps >= FLUSH_EVERY_STEPS or time.perf_counter() - burst_start >= (
-                FLUSH_INTERVAL_S
-            ):
-                await self._flush(self._outbox.dirty())
-                await asyncio.sleep(0)  # let generate/cancel handlers run
-                burst_start, burst_steps = time.perf_counter(), 0
-        await self._flush(self._outbox.dirty())
-
-    async def _flush(self, request_ids: list[str]) -> None:
-        for request_id in request_ids:
-            taken = self._outbox.take(request_id)
-            if taken is None:
-                continue
-            stream_to, batch = taken
-            await self._nc.publish(stream_to, codec.encode(batch))
-            if batch.finish_reason is not None:
-                log.info(
-                    "request_finished",
-                    request_id=request_id,
-                    worker_id=self.worker_id,
-                    finish_reason=batch.finish_reason,
-                    completion_tokens=batch.index + len(batch.token_ids),
-                )
-
-    async def _fail_all(self) -> None:
-        failed = InternalError("the simulated engine failed")
-        for emission in self.engine.cancel_all():
-            taken = self._outbox.take(emission.request_id)
-            self._outbox.close(emission.request_id)
-            if taken is not None:
-                message = failed.to_message(emission.request_id)
-                await self._nc.publish(taken[0], codec.encode(message))
 
 
 class Mocker:
     """All the workers of one process, sharing a connection, the model files and the corpus."""
 
-    def __init__(self, config: MockerConfig, nc: Client, model: ModelInfo | None = None) -> None:
+    def __init__(
+        self,
+        config: MockerConfig,
+        nc: Client,
+        model: ModelInfo | None = None,
+        metrics: MockerMetrics | None = None,
+    ) -> None:
         self.config = config
+        self.metrics = metrics or MockerMetrics()
         self._nc = nc
         self._subjects = Subjects(config.namespace)
         self._model = model
         self.workers: list[MockWorker] = []
 
     async def start(self) -> None:
-        """Publish the model's files and card, then start and register every worker."""
+        """Publish the model's files and card, ensure the KV stream, start every worker."""
         model = self._model
         if model is None:
             model = self._model = await asyncio.to_thread(load_model_info, self.config)
+        js = self._nc.jetstream()
         card = ModelCard(
             model=self.config.model_name,
             context_length=model.context_length,
             eos_token_ids=model.eos_token_ids,
             created=int(time.time()),
         )
-        await publish_model(self._nc.jetstream(), self._subjects, card, model.model_dir)
+        await publish_model(js, self._subjects, card, model.model_dir)
+        await ensure_kv_stream(
+            js,
+            self._subjects,
+            max_age_s=self.config.kv_stream_max_age_s,
+            max_bytes=self.config.kv_stream_max_bytes,
+        )
         for worker_id in self.config.worker_ids():
-            worker = MockWorker(self._nc, self._subjects, self.config, model, worker_id)
+            worker = MockWorker(
+                self._nc, self._subjects, self.config, model, worker_id, self.metrics
+            )
             await worker.start()
             self.workers.append(worker)
 
@@ -311,8 +80,10 @@ class Mocker:
 
 async def serve(config: MockerConfig, stop: asyncio.Event | None = None) -> None:
     """Run the mocker until SIGINT/SIGTERM (or ``stop``), then shut down and drain."""
+    metrics = MockerMetrics()
+    serve_metrics(metrics.service, config.metrics_port)
     nc = await connect(config.nats_url, name="jetserve-mocker")
-    mocker = Mocker(config, nc)
+    mocker = Mocker(config, nc, metrics=metrics)
     try:
         await mocker.start()
         await wait_for_signal(stop)

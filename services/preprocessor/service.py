@@ -40,6 +40,7 @@ from shared.errors import (
     http_status_of,
 )
 from shared.messages import Preprocess, RequestFailed, StreamOpen, StreamOpened
+from shared.metrics import ServiceMetrics, serve_metrics
 from shared.registry import ModelFiles
 from shared.subjects import Subjects, request_id_of
 
@@ -65,8 +66,10 @@ class Preprocessor:
         assets: AssetCache,
         *,
         clock: Callable[[], float] = time.time,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
         self._config = config
+        self.metrics = metrics or ServiceMetrics("preprocessor")
         self._nc = nc
         self._subjects = subjects
         self._assets = assets
@@ -74,6 +77,7 @@ class Preprocessor:
         self._sub: Subscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._bounces: Bounces[str] = Bounces(nc, subjects, self._on_no_router)
+        self.metrics.track_in_flight(lambda: len(self._tasks))
 
     async def start(self) -> None:
         """Join the ``preprocessor`` queue group; returns once the server knows it."""
@@ -104,6 +108,10 @@ class Preprocessor:
 
     async def on_preprocess(self, msg: Msg) -> None:
         """Decode, bind, prepare, open a stream, publish; any failure goes to ``reply_to``."""
+        with self.metrics.handling("preprocess"):
+            await self._on_preprocess(msg)
+
+    async def _on_preprocess(self, msg: Msg) -> None:
         try:
             req = codec.decode(msg.data, Preprocess)
         except codec.DecodeError as exc:
@@ -114,11 +122,13 @@ class Preprocessor:
             try:
                 prepared = await self._handle(req)
             except ServiceError as exc:
+                self.metrics.error(exc.code)
                 log.warning(
                     "request_failed", code=exc.code, status=http_status_of(exc), error=exc.message
                 )
                 await self._reply(req.reply_to, exc.to_message(req.request_id))
             except Exception:  # the handler boundary: log once, answer 500
+                self.metrics.error(InternalError.code)
                 log.exception("request_crashed", model=req.model)
                 failure = InternalError("the preprocessor failed on this request")
                 await self._reply(req.reply_to, failure.to_message(req.request_id))
@@ -149,6 +159,7 @@ class Preprocessor:
 
     async def _on_no_router(self, request_id: str, stream_to: str, _subject: str) -> None:
         failure = ServiceUnavailable("no router is running")
+        self.metrics.error(failure.code)
         await self._reply(stream_to, failure.to_message(request_id))
 
     async def _open_stream(self, open_msg: StreamOpen) -> str:
@@ -174,13 +185,16 @@ class Preprocessor:
             log.warning("reply_failed", subject=subject, error=str(exc))
 
     async def _reject_undecodable(self, msg: Msg, exc: Exception) -> None:
+        self.metrics.error(InvalidRequest.code)
         log.warning("message_undecodable", subject=msg.subject, error=str(exc))
         if msg.reply:
             failure = InvalidRequest(f"undecodable Preprocess message: {exc}")
             await self._reply(msg.reply, failure.to_message(request_id_of(msg.reply)))
 
 
-def build_preprocessor(config: PreprocessorConfig, nc: Client) -> Preprocessor:
+def build_preprocessor(
+    config: PreprocessorConfig, nc: Client, *, metrics: ServiceMetrics | None = None
+) -> Preprocessor:
     """Compose the service from its config and a NATS connection."""
     subjects = Subjects(config.namespace)
     assets = AssetCache(
@@ -188,7 +202,7 @@ def build_preprocessor(config: PreprocessorConfig, nc: Client) -> Preprocessor:
         max_model_len=config.max_model_len,
         max_models=config.max_cached_models,
     )
-    return Preprocessor(config, nc, subjects, assets)
+    return Preprocessor(config, nc, subjects, assets, metrics=metrics)
 
 
 @asynccontextmanager
@@ -197,6 +211,7 @@ async def serving(config: PreprocessorConfig) -> AsyncIterator[Preprocessor]:
     nc = await connect(config.nats_url, name="preprocessor")
     try:
         service = build_preprocessor(config, nc)
+        serve_metrics(service.metrics, config.metrics_port)
         await service.start()
         log.info("preprocessor_started", namespace=config.namespace)
         try:

@@ -16,13 +16,25 @@ from services.mocker.service import ModelInfo, load_model_info
 from shared.model_dir import ensure_default_model_dir
 from shared.subjects import Subjects
 from tests.support import nats_server, nats_server_binary
+from tests.support_containers import docker_unavailable_reason, start_nats_container
 
 
 @pytest.fixture(scope="session")
 def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real JetStream-enabled nats-server for this test session."""
+    """A real JetStream-enabled nats-server for this test session.
+
+    ``JETSERVE_TEST_NATS_URL`` = use that server; ``JETSERVE_TEST_NATS=container`` = a NATS
+    container through testcontainers (skipped, with the reason, where Docker is unavailable);
+    otherwise the venv's ``nats-server`` binary on a random port.
+    """
     if url := os.environ.get("JETSERVE_TEST_NATS_URL"):
         yield url
+        return
+    if os.environ.get("JETSERVE_TEST_NATS") == "container":
+        if reason := docker_unavailable_reason():
+            pytest.skip(f"JETSERVE_TEST_NATS=container: {reason}")
+        with start_nats_container() as url:
+            yield url
         return
     if nats_server_binary() is None:
         if os.environ.get("CI"):

@@ -29,6 +29,7 @@ class FakeBus:
         self.submitted: list[Preprocess] = []
         self.cancelled: list[tuple[str, str]] = []
         self.is_connected = True
+        self.in_flight = 0
 
     async def start(self) -> None:
         self.started = True

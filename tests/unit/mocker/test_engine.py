@@ -152,8 +152,10 @@ class TestBatching:
 
     def test_each_step_respects_the_token_budget(self) -> None:
         engine = _engine(max_num_batched_tokens=64)
-        for i in range(5):
-            engine.add(f"r{i}", tuple(range(1, 41)), SamplingParams(max_tokens=3))
+        for i in range(5):  # distinct prompts: no prefix-cache hits
+            engine.add(
+                f"r{i}", tuple(range(100 * i + 1, 100 * i + 41)), SamplingParams(max_tokens=3)
+            )
         steps = []
         while engine.has_work:
             out = engine.step()

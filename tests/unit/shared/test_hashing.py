@@ -1,6 +1,13 @@
 """Block hashing matches NVIDIA Dynamo 1.6.1 (``dynamo.llm.compute_block_hash_for_seq``)."""
 
-from shared.hashing import SEED, block_hash, local_block_hashes, salted_seed, sequence_hashes
+from shared.hashing import (
+    SEED,
+    block_hash,
+    local_block_hashes,
+    prefix_hashes,
+    salted_seed,
+    sequence_hashes,
+)
 
 # Produced by ai-dynamo 1.6.1: compute_block_hash_for_seq(tokens, block_size).
 DYNAMO_GOLDEN = [
@@ -41,3 +48,39 @@ def test_salt_changes_the_seed_and_no_salt_keeps_1337() -> None:
     assert salted_seed(cache_salt="tenant-a") != SEED
     assert salted_seed(cache_salt="tenant-a") != salted_seed(cache_salt="tenant-b")
     assert block_hash([1, 2, 3, 4], salted_seed(cache_salt="t")) != block_hash([1, 2, 3, 4])
+
+
+# Produced by ai-dynamo 1.6.1: compute_block_hash_for_seq(list(range(32)), 16, lora_name=...,
+# cache_namespace=...). JetServe's ``cache_salt`` is Dynamo's ``cache_namespace``.
+DYNAMO_SALTED_GOLDEN = [
+    ({"lora_name": "my-lora"}, [7774427462321301335, 11306793257002815283]),
+    ({"cache_salt": "tenant-a"}, [2130915519417463704, 14342547135021016991]),
+    ({"cache_salt": "tenant-b"}, [6239091646721720205, 9185336402970972109]),
+    (
+        {"lora_name": "my-lora", "cache_salt": "tenant-a"},
+        [9308087154931608541, 7049012067311110175],
+    ),
+    ({"lora_name": "", "cache_salt": ""}, [15310707395893867146, 15292316782987903195]),
+]
+
+
+def test_salted_local_hashes_match_dynamo_golden_vectors() -> None:
+    for salt, expected in DYNAMO_SALTED_GOLDEN:
+        assert local_block_hashes(list(range(32)), 16, salted_seed(**salt)) == expected, salt
+
+
+def test_salted_seed_matches_dynamo_for_a_short_block() -> None:
+    assert block_hash([1, 2, 3, 4], salted_seed(cache_salt="tenant-a")) == 5738685477468498325
+
+
+def test_prefix_hashes_chain_salted_local_hashes_with_seed_1337() -> None:
+    tokens = list(range(48))
+    seed = salted_seed(lora_name="my-lora")
+    assert prefix_hashes(tokens, 16, lora_name="my-lora") == sequence_hashes(
+        local_block_hashes(tokens, 16, seed)
+    )
+    assert prefix_hashes(tokens, 16)[0] != prefix_hashes(tokens, 16, cache_salt="t")[0]
+
+
+def test_block_hash_of_a_tuple_equals_the_list_form() -> None:
+    assert block_hash((1, 2, 3, 4)) == block_hash([1, 2, 3, 4]) == 14643705804678351452

@@ -1,0 +1,180 @@
+"""Routing benchmark (``make bench-routing``): prints one JSON object.
+
+    python -m bench.routing [--part a] [--workers 16] [--events 10000] [--iters 1000]
+
+(a) In-process and pure, like ``../shared/bench/radix_bench.py`` for Dynamo's ``RadixTree``:
+    64 base sequences of 8192 random tokens; 10,000 ``BlockStored`` batches, each extending one
+    of 16 workers' cached chain on one base sequence by 16 blocks (with ``parent_hash``), are
+    applied through ``KvSync`` (msgpack decode + apply, and apply alone: events/s). Then the
+    router's decision latency (``RoutingCore.decide``: salted block hashing, index lookup, cost
+    of all 16 workers, selection) is measured for 1k- and 8k-token prompts that hit a cached
+    prefix and for misses, with 64 requests active, plus its parts (hashing, ``find_matches``).
+(b) The shared-prefix serving workload (kv vs round-robin, KV hit rate, TTFT, requests/s) is
+    run by ``serving_workload``, a hook the lead wires to the stack and ``loadgen.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from services.router.core import CoreSettings, RoutingCore
+from services.router.sync import KvSync
+from shared import codec
+from shared.hashing import prefix_hashes
+from shared.messages import BlockStored, Generate, KvEventBatch, SamplingParams, WorkerCard
+
+BLOCK = 16
+SEQ_TOKENS = 8192
+MODEL = "bench-model"
+
+
+def _events(
+    rng: random.Random, bases: list[list[int]], workers: int, count: int, per_event: int
+) -> list[KvEventBatch]:
+    """``count`` batches, each extending a (worker, base) chain by ``per_event`` blocks."""
+    nblocks = SEQ_TOKENS // BLOCK
+    depth: dict[tuple[int, int], int] = {}
+    next_id = [1] * workers
+    out: list[KvEventBatch] = []
+    while len(out) < count:
+        w, s = rng.randrange(workers), rng.randrange(len(bases))
+        d = depth.get((w, s), 0)
+        if d >= nblocks:
+            continue
+        e = min(nblocks, d + per_event)
+        stored = BlockStored(
+            block_hashes=tuple(bases[s][d:e]), parent_hash=bases[s][d - 1] if d else None
+        )
+        out.append(KvEventBatch(worker_id=f"w{w:02d}", event_id=next_id[w], events=(stored,)))
+        next_id[w] += 1
+        depth[(w, s)] = e
+    return out
+
+
+def _timed(fn: Callable[[int], object], iters: int) -> dict[str, float]:
+    samples = []
+    for i in range(iters):
+        t0 = time.perf_counter_ns()
+        fn(i)
+        samples.append(time.perf_counter_ns() - t0)
+    samples.sort()
+    return {
+        "p50_us": round(samples[len(samples) // 2] / 1000, 2),
+        "p99_us": round(samples[int(len(samples) * 0.99)] / 1000, 2),
+        "mean_us": round(statistics.mean(samples) / 1000, 2),
+        "n": len(samples),
+    }
+
+
+def part_a(
+    *, workers: int = 16, events: int = 10_000, iters: int = 1000, seed: int = 7
+) -> dict[str, Any]:
+    """Events applied per second and decision latency, in process."""
+    rng = random.Random(seed)
+    tokens = [[rng.randrange(1, 150_000) for _ in range(SEQ_TOKENS)] for _ in range(64)]
+    bases = [prefix_hashes(t, BLOCK) for t in tokens]
+    batches = _events(rng, bases, workers, events, per_event=16)
+    frames = [codec.encode(b) for b in batches]
+
+    sync = KvSync()
+    t0 = time.perf_counter()
+    for seq, frame in enumerate(frames, 1):
+        sync.on_batch(codec.decode(frame, KvEventBatch), seq)
+    decode_apply_s = time.perf_counter() - t0
+    apply_only = KvSync()
+    t0 = time.perf_counter()
+    for seq, batch in enumerate(batches, 1):
+        apply_only.on_batch(batch, seq)
+    apply_s = time.perf_counter() - t0
+
+    core = RoutingCore(CoreSettings(mode="kv", router_id="bench"), sync=sync)
+    cards = [
+        WorkerCard(worker_id=f"w{w:02d}", model=MODEL, block_size=BLOCK, kv_blocks=16384)
+        for w in range(workers)
+    ]
+    decide_rng = random.Random(seed)
+
+    def gen(rid: str, prompt: list[int]) -> Generate:
+        return Generate(
+            request_id=rid, model=MODEL, token_ids=tuple(prompt),
+            sampling=SamplingParams(), stream_to="bench",
+        )  # fmt: skip
+
+    for i in range(64):  # background load: 64 active requests
+        core.commit(core.decide(gen(f"bg{i}", tokens[i][:2048]), cards, now=0, rng=decide_rng), 0)
+
+    res: dict[str, Any] = {
+        "workers": workers,
+        "events": len(batches),
+        "blocks_per_event": 16,
+        "stored_blocks_total": sync.index.num_entries,
+        "index_nodes": sync.index.num_nodes,
+        "events_per_s_decode_and_apply": round(len(frames) / decode_apply_s),
+        "events_per_s_apply": round(len(batches) / apply_s),
+        "blocks_per_s_apply": round(sync.index.num_entries / apply_s),
+        "active_requests": len(core.load),
+    }
+    for ntok in (1024, 8192):
+        hits = [gen(f"h{ntok}-{i}", tokens[i % 64][:ntok] + [7] * 5) for i in range(64)]
+        misses = [gen(f"m{ntok}-{i}", [rng.randrange(1, 150_000) for _ in range(ntok)])
+                  for i in range(8)]  # fmt: skip
+        hit_hashes = [prefix_hashes(g.token_ids, BLOCK) for g in hits]
+        res[f"decide_{ntok}tok_hit"] = _timed(
+            lambda i, h=hits: core.decide(h[i % 64], cards, now=0, rng=decide_rng), iters
+        )
+        res[f"decide_{ntok}tok_miss"] = _timed(
+            lambda i, m=misses: core.decide(m[i % 8], cards, now=0, rng=decide_rng), iters
+        )
+        res[f"hash_{ntok}tok"] = _timed(
+            lambda i, h=hits: prefix_hashes(h[i % 64].token_ids, BLOCK), iters
+        )
+        res[f"find_matches_{ntok}tok_hit"] = _timed(
+            lambda i, hh=hit_hashes: sync.index.find_matches(hh[i % 64]), iters
+        )
+        best = core.decide(hits[0], cards, now=0, rng=decide_rng)
+        res[f"example_overlaps_{ntok}tok"] = sorted(
+            (c.overlap_blocks for c in best.candidates), reverse=True
+        )[:4]
+    res["loadavg"] = os.getloadavg()
+    return res
+
+
+def serving_workload(mode: str, **options: Any) -> dict[str, Any]:
+    """Part (b) hook: run the shared-prefix workload against a stack in ``mode``.
+
+    Expected to start 4 mockers (``--speedup-ratio 1 --block-size 16
+    --num-gpu-blocks-override 1024``) and one router in ``mode`` (``kv`` / ``round-robin``), run
+    ``../shared/bench/loadgen.py -c 16 -n 400 --max-tokens 32 --prompt-words 50 --num-prefixes 8
+    --prefix-words 2800`` and return its summary (KV hit rate, TTFT p50/p99, requests/s).
+    """
+    raise NotImplementedError("part (b) is wired by the lead (bench.routing.serving_workload)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.routing", description=__doc__)
+    parser.add_argument("--part", choices=["a", "b"], nargs="+", default=["a"])
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--events", type=int, default=10_000)
+    parser.add_argument("--iters", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--modes", nargs="+", default=["kv", "round-robin"], help="part (b)")
+    args = parser.parse_args(argv)
+    out: dict[str, Any] = {}
+    if "a" in args.part:
+        out["a"] = part_a(
+            workers=args.workers, events=args.events, iters=args.iters, seed=args.seed
+        )
+    if "b" in args.part:
+        out["b"] = {mode: serving_workload(mode) for mode in args.modes}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""The mocker's Prometheus instruments: the shared ones plus per-worker engine gauges."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+from services.mocker.records import EngineLoad, EngineStats
+from shared.metrics import ServiceMetrics
+
+
+class MockerMetrics:
+    """``ServiceMetrics("mocker")`` plus KV-cache and queue instruments labelled by worker."""
+
+    def __init__(self, service: ServiceMetrics | None = None) -> None:
+        self.service = service or ServiceMetrics("mocker")
+        registry = self.service.registry
+        labels = ["worker_id"]
+        self.kv_blocks_used = Gauge(
+            "jetserve_mocker_kv_blocks_used", "KV blocks in use", labels, registry=registry
+        )
+        self.kv_blocks_total = Gauge(
+            "jetserve_mocker_kv_blocks_total", "KV blocks in all", labels, registry=registry
+        )
+        self.active_requests = Gauge(
+            "jetserve_mocker_active_requests", "Requests running", labels, registry=registry
+        )
+        self.waiting_requests = Gauge(
+            "jetserve_mocker_waiting_requests", "Requests waiting", labels, registry=registry
+        )
+        self.prompt_tokens = Counter(
+            "jetserve_mocker_prompt_tokens", "Prompt tokens received", labels, registry=registry
+        )
+        self.cache_hit_tokens = Counter(
+            "jetserve_mocker_prefix_cache_hit_tokens",
+            "Prompt tokens served from the prefix cache",
+            labels,
+            registry=registry,
+        )
+        self.preemptions = Counter(
+            "jetserve_mocker_preemptions", "Requests preempted", labels, registry=registry
+        )
+        self.kv_event_batches = Counter(
+            "jetserve_mocker_kv_event_batches",
+            "KvEventBatch messages stored in JetStream",
+            labels,
+            registry=registry,
+        )
+        self._seen: dict[str, EngineStats] = {}
+
+    def observe(self, worker_id: str, load: EngineLoad, stats: EngineStats) -> None:
+        """Set the gauges from ``load``; advance the counters by what ``stats`` gained."""
+        self.kv_blocks_used.labels(worker_id).set(load.kv_used_blocks)
+        self.kv_blocks_total.labels(worker_id).set(load.kv_total_blocks)
+        self.active_requests.labels(worker_id).set(load.active)
+        self.waiting_requests.labels(worker_id).set(load.waiting)
+        seen = self._seen.setdefault(worker_id, EngineStats())
+        self.prompt_tokens.labels(worker_id).inc(stats.prompt_tokens - seen.prompt_tokens)
+        self.cache_hit_tokens.labels(worker_id).inc(stats.cache_hit_tokens - seen.cache_hit_tokens)
+        self.preemptions.labels(worker_id).inc(stats.preemptions - seen.preemptions)
+        seen.prompt_tokens = stats.prompt_tokens
+        seen.cache_hit_tokens = stats.cache_hit_tokens
+        seen.preemptions = stats.preemptions

@@ -1,0 +1,196 @@
+"""What a worker tells the routers: KV events (JetStream), load, lifecycle, and KV dumps.
+
+KV events leave the engine loop as a list append; a background task numbers them
+(``KvEventLog``) and stores one batch at a time with ``js.publish``, so the engine never waits
+for a JetStream ack and everything produced during one round trip goes out as the next batch.
+Each batch carries ``Nats-Msg-Id`` = worker, incarnation and event id, so a retry is stored once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from typing import Literal
+
+import nats.errors
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.errors import NoStreamResponseError
+
+from services.mocker.engine import Engine
+from services.mocker.kv_events import KvEventLog, LoadReporter
+from services.mocker.metrics import MockerMetrics
+from shared import codec
+from shared.kv_stream import ensure_kv_stream
+from shared.messages import KvDump, KvDumpRequest, RequestPhase, WorkerLoad
+from shared.subjects import Subjects
+
+log = structlog.get_logger(__name__)
+
+PUBLISH_TIMEOUT_S = 2.0
+MAX_RETRY_DELAY_S = 1.0
+LOAD_INTERVAL_S = 0.05
+"""Load goes out on change at most this often (and at once when the worker goes idle)."""
+
+
+class WorkerPublisher:
+    """KV event batches, ``WorkerLoad``, ``RequestPhase`` and ``KvDump`` replies of one worker."""
+
+    def __init__(
+        self,
+        nc: Client,
+        subjects: Subjects,
+        worker_id: str,
+        engine: Engine,
+        metrics: MockerMetrics,
+        *,
+        kv_stream_limits: tuple[float, int] | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.events = KvEventLog(worker_id)
+        self._nc = nc
+        self._js = nc.jetstream()
+        self._subjects = subjects
+        self._engine = engine
+        self._metrics = metrics
+        self._kv_stream_limits = kv_stream_limits
+        self._load = LoadReporter(LOAD_INTERVAL_S)
+        self._incarnation = secrets.token_hex(4)
+        self._wake = asyncio.Event()
+        self._is_closing = False
+        self._sub: Subscription | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Answer dumps and start the KV event sender (the engine's start reset goes first)."""
+        self._sub = await self._nc.subscribe(
+            self._subjects.kv_dump(self.worker_id), cb=self.on_kv_dump
+        )
+        self._task = asyncio.create_task(self._send_loop(), name=f"kv-events-{self.worker_id}")
+        self.collect_kv_events()
+        await self.report_load(is_idle=True)
+
+    async def stop(self, timeout_s: float = 2.0) -> None:
+        """Send what is left (bounded), then stop answering dumps."""
+        self._is_closing = True
+        self._wake.set()
+        if self._task is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if len(self.events):
+            log.warning("kv_events_unsent", worker_id=self.worker_id, count=len(self.events))
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+
+    # --- engine loop side (cheap, never waits for JetStream) -------------------------------------
+
+    def collect_kv_events(self) -> None:
+        """Take the engine's new KV events; the sender task stores them."""
+        events = self._engine.take_kv_events()
+        if events:
+            self.events.add(events)
+            self._wake.set()
+
+    async def phase(self, request_id: str, phase: Literal["prefill_done", "finished"]) -> None:
+        """Publish ``RequestPhase`` (core NATS) so routers move the request's load."""
+        message = RequestPhase(
+            request_id=request_id, worker_id=self.worker_id, phase=phase, ts=time.time()
+        )
+        await self._nc.publish(self._subjects.lifecycle(self.worker_id), codec.encode(message))
+
+    async def report_load(self, *, is_idle: bool = False) -> None:
+        """Publish ``WorkerLoad`` if it changed, at most every ``LOAD_INTERVAL_S``."""
+        now = time.monotonic()
+        if not self._load.may_report(now, is_idle=is_idle):
+            return
+        load = self._engine.load()
+        snapshot = (load.active, load.waiting, load.kv_used_blocks, load.prefill_tokens)
+        if not self._load.due(snapshot, now, is_idle=is_idle):
+            return
+        self._metrics.observe(self.worker_id, load, self._engine.stats)
+        message = WorkerLoad(
+            worker_id=self.worker_id,
+            active=load.active,
+            waiting=load.waiting,
+            kv_used_blocks=load.kv_used_blocks,
+            kv_total_blocks=load.kv_total_blocks,
+            prefill_tokens=load.prefill_tokens,
+            ts=time.time(),
+        )
+        await self._nc.publish(self._subjects.load(self.worker_id), codec.encode(message))
+
+    # --- handlers --------------------------------------------------------------------------------
+
+    async def on_kv_dump(self, msg: Msg) -> None:
+        """Reply with every cached block, as of the newest event id (pending events sealed)."""
+        if msg.data:
+            try:
+                request = codec.decode(msg.data, KvDumpRequest)
+            except codec.DecodeError as exc:
+                log.warning("bad_message", subject=msg.subject, error=str(exc))
+                return
+            log.info("kv_dump_requested", worker_id=self.worker_id, router_id=request.router_id)
+        event_id = self.events.seal(time.time())
+        self._wake.set()
+        cache = self._engine.cache
+        data = b""
+        for with_tokens in (True, False):  # token ids are informative; hashes must fit
+            dump = KvDump(
+                worker_id=self.worker_id,
+                event_id=event_id,
+                events=tuple(cache.dump(with_tokens=with_tokens)),
+            )
+            data = codec.encode(dump)
+            if len(data) <= self._nc.max_payload:
+                await msg.respond(data)
+                return
+        log.error("kv_dump_too_large", worker_id=self.worker_id, bytes=len(data))
+
+    # --- sender ----------------------------------------------------------------------------------
+
+    async def _send_loop(self) -> None:
+        subject = self._subjects.kv_events(self.worker_id)
+        delay_s = 0.05
+        while not (self._is_closing and not len(self.events)):
+            await self._wake.wait()
+            self._wake.clear()
+            while (batch := self.events.front(time.time())) is not None:
+                headers = {"Nats-Msg-Id": f"{self.worker_id}:{self._incarnation}:{batch.event_id}"}
+                try:
+                    await self._js.publish(
+                        subject, codec.encode(batch), timeout=PUBLISH_TIMEOUT_S, headers=headers
+                    )
+                except (
+                    nats.errors.Error,
+                    TimeoutError,
+                    OSError,
+                ) as exc:  # keep order, retry this one
+                    log.warning(
+                        "kv_events_publish_failed", event_id=batch.event_id, error=repr(exc)
+                    )
+                    if isinstance(exc, NoStreamResponseError):
+                        with contextlib.suppress(Exception):
+                            await self._ensure_stream()
+                    await asyncio.sleep(delay_s)
+                    delay_s = min(MAX_RETRY_DELAY_S, delay_s * 2)
+                    continue
+                delay_s = 0.05
+                self.events.pop()
+                self._metrics.kv_event_batches.labels(self.worker_id).inc()
+
+    async def _ensure_stream(self) -> None:
+        if self._kv_stream_limits is None:
+            await ensure_kv_stream(self._js, self._subjects)
+        else:
+            max_age_s, max_bytes = self._kv_stream_limits
+            await ensure_kv_stream(
+                self._js, self._subjects, max_age_s=max_age_s, max_bytes=max_bytes
+            )

@@ -1,0 +1,253 @@
+"""The router's decision core: live workers + KV index + active load -> one ``RouteDecision``.
+
+Pure: no I/O; the clock (``now``) and the random generator come in as arguments, so replicas
+that saw the same events and decisions, given the same generator, decide the same way. The
+wiring (``service.py``) feeds it KV events (through ``KvSync``), peers' decisions, lifecycle
+events, cancels and load reports, and publishes what ``decide`` returns.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.router.approx import ApproxIndex
+from services.router.load import ActiveLoad, BusyThresholds, WorkerReports, is_busy
+from services.router.policy import Policy, build_policy
+from services.router.selection import pick, worker_cost
+from services.router.sync import KvSync
+from shared.errors import (
+    AllWorkersBusy,
+    AllWorkersOverloaded,
+    InvalidRequest,
+    NotFound,
+    NoWorkerAvailable,
+)
+from shared.hashing import prefix_hashes
+from shared.messages import (
+    Candidate,
+    Generate,
+    RequestPhase,
+    RouteDecision,
+    RoutingHints,
+    WorkerCard,
+    WorkerLoad,
+)
+
+KV_MODES = ("kv",)
+DEFAULT_BLOCK_SIZE = 16
+_NO_HINTS = RoutingHints()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CoreSettings:
+    """The decision knobs (from ``RouterConfig``)."""
+
+    mode: str = "round-robin"
+    router_id: str = "router"
+    overlap_weight: float = 1.0
+    temperature: float = 0.0
+    use_kv_events: bool = True
+    """kv mode only: False = approximate index (``--no-kv-events``)."""
+    busy: BusyThresholds = field(default_factory=BusyThresholds)
+    busy_status: int = 503
+    busy_retry_after_s: float = 1.0
+    seed: int | None = None
+
+
+class RoutingCore:
+    """Decides where each request goes and keeps the state every replica shares."""
+
+    def __init__(
+        self,
+        settings: CoreSettings,
+        *,
+        sync: KvSync | None = None,
+        approx: ApproxIndex | None = None,
+        load: ActiveLoad | None = None,
+        reports: WorkerReports | None = None,
+        policy: Policy | None = None,
+    ) -> None:
+        self.settings = settings
+        self.is_kv = settings.mode in KV_MODES
+        self.sync = sync if sync is not None else KvSync()
+        self.approx = approx if approx is not None else ApproxIndex()
+        self.load = load if load is not None else ActiveLoad()
+        self.reports = reports if reports is not None else WorkerReports()
+        self._policy = policy
+        if policy is None and settings.mode in ("round-robin", "random"):
+            self._policy = build_policy(settings.mode, seed=settings.seed)
+
+    @property
+    def uses_approx(self) -> bool:
+        return self.is_kv and not self.settings.use_kv_events
+
+    # --- deciding ------------------------------------------------------------------------------
+    def decide(
+        self, gen: Generate, live: Sequence[WorkerCard], *, now: float, rng: random.Random
+    ) -> RouteDecision:
+        """Where ``gen`` goes among the ``live`` workers of its model; changes no state.
+
+        Raises:
+            NotFound: the request pins a worker that is not live (404).
+            InvalidRequest: ``direct`` mode and the request pins no worker (400).
+            NoWorkerAvailable: no live worker serves the model (503).
+            AllWorkersBusy: every live worker is over a busy threshold (503 or 529).
+        """
+        pinned = gen.worker_id is not None
+        cards = self._candidates(gen, live)
+        block_size = cards[0].block_size or DEFAULT_BLOCK_SIZE
+        hints = gen.routing or _NO_HINTS
+        hashes: Sequence[int] = ()
+        overlaps: dict[str, int] = {}
+        if self.is_kv:
+            hashes = prefix_hashes(
+                gen.token_ids, block_size, lora_name=hints.lora_name, cache_salt=hints.cache_salt
+            )
+            matcher = self.approx.index if self.uses_approx else self.sync.index
+            overlaps = matcher.find_matches(hashes)
+        prompt_tokens = len(gen.token_ids)
+        prompt_blocks = -(-prompt_tokens // block_size)
+        tail = prompt_blocks - len(hashes)
+        weight = hints.overlap_score_weight
+        weight = self.settings.overlap_weight if weight is None else weight
+        check_busy = not pinned and self.settings.busy.enabled
+        load = self.load
+        candidates: list[Candidate] = []
+        for card in cards:
+            w = card.worker_id
+            prefill, decode, new = load.figures(w, hashes)
+            candidates.append(
+                worker_cost(
+                    w,
+                    overlaps.get(w, 0),
+                    prefill,
+                    decode,
+                    new + tail,
+                    prompt_tokens,
+                    block_size,
+                    weight,
+                    check_busy and self._is_busy(card, now),
+                )
+            )
+        best = candidates[self._choose(gen, cards, candidates, hints, rng)]
+        return RouteDecision(
+            request_id=gen.request_id,
+            router_id=self.settings.router_id,
+            worker_id=best.worker_id,
+            model=gen.model,
+            mode="direct" if pinned else self.mode_label,
+            prompt_blocks=prompt_blocks,
+            overlap_blocks=best.overlap_blocks,
+            prefill_tokens=max(0, prompt_tokens - best.overlap_blocks * block_size),
+            candidates=tuple(candidates),
+            ts=now,
+            prompt_tokens=prompt_tokens,
+            block_hashes=tuple(hashes),
+        )
+
+    @property
+    def mode_label(self) -> str:
+        """The mode as decisions and metrics name it (``kv-approx`` without KV events)."""
+        return "kv-approx" if self.uses_approx else self.settings.mode
+
+    def _candidates(self, gen: Generate, live: Sequence[WorkerCard]) -> list[WorkerCard]:
+        if gen.worker_id is not None:
+            for card in live:
+                if card.worker_id == gen.worker_id:
+                    return [card]
+            raise NotFound(
+                f"worker {gen.worker_id} is not a live worker of model {gen.model}",
+                param="worker_id",
+            )
+        if self.settings.mode == "direct":
+            raise InvalidRequest(
+                "router mode 'direct' needs a pinned worker "
+                "(nvext.backend_instance_id or the x-worker-instance-id header)",
+                param="worker_id",
+            )
+        if not live:
+            raise NoWorkerAvailable(f"no live worker serves model {gen.model}", retry_after_s=1.0)
+        return sorted(live, key=lambda c: c.worker_id)
+
+    def _is_busy(self, card: WorkerCard, now: float) -> bool:
+        thresholds = self.settings.busy
+        if not thresholds.enabled:
+            return False
+        return is_busy(
+            thresholds,
+            report=self.reports.fresh(card.worker_id, now),
+            tracked_prefill_tokens=self.load.prefill_tokens(card.worker_id),
+            kv_total_blocks=card.kv_blocks,
+        )
+
+    def _choose(
+        self,
+        gen: Generate,
+        cards: Sequence[WorkerCard],
+        candidates: Sequence[Candidate],
+        hints: RoutingHints,
+        rng: random.Random,
+    ) -> int:
+        if gen.worker_id is not None:
+            return 0
+        eligible = [i for i, c in enumerate(candidates) if not c.busy]
+        if not eligible:
+            error = AllWorkersOverloaded if self.settings.busy_status == 529 else AllWorkersBusy
+            raise error(
+                f"all {len(candidates)} workers of model {gen.model} are busy",
+                retry_after_s=self.settings.busy_retry_after_s,
+            )
+        if not self.is_kv:
+            assert self._policy is not None
+            card = self._policy.choose(gen, [cards[i] for i in eligible])
+            return next(i for i in eligible if cards[i].worker_id == card.worker_id)
+        temperature = hints.router_temperature
+        temperature = self.settings.temperature if temperature is None else temperature
+        return eligible[pick([candidates[i].cost for i in eligible], temperature, rng)]
+
+    # --- shared state --------------------------------------------------------------------------
+    def commit(self, decision: RouteDecision, now: float) -> None:
+        """Count a decision (this replica's or a peer's) in the active load."""
+        self.load.add(
+            decision.request_id,
+            decision.worker_id,
+            block_hashes=decision.block_hashes,
+            prompt_blocks=decision.prompt_blocks,
+            prefill_tokens=decision.prefill_tokens,
+            now=now,
+        )
+        if self.uses_approx:
+            self.approx.remember(decision.worker_id, decision.block_hashes, now)
+
+    def on_phase(self, phase: RequestPhase) -> None:
+        """A worker's lifecycle event: prefill done, or finished."""
+        if phase.phase == "prefill_done":
+            self.load.prefill_done(phase.request_id)
+        else:
+            self.load.free(phase.request_id)
+
+    def on_cancel(self, request_id: str) -> None:
+        self.load.free(request_id)
+
+    def on_load(self, report: WorkerLoad, now: float) -> None:
+        self.reports.update(report, now)
+
+    def remove_worker(self, worker_id: str) -> bool:
+        """Forget everything about a worker that left the registry; True if it was known."""
+        known = self.sync.remove_worker(worker_id)
+        known = self.approx.remove_worker(worker_id) or known
+        known = self.load.remove_worker(worker_id) > 0 or known
+        self.reports.remove_worker(worker_id)
+        return known
+
+    def known_workers(self) -> set[str]:
+        """Workers with any state here (index, approximate index or active load)."""
+        return self.sync.workers() | set(self.approx.index.workers()) | set(self.load.workers())
+
+    def sweep(self, now: float) -> tuple[int, int]:
+        """Expire stale requests and (approximate mode) old assumed blocks."""
+        stale = len(self.load.expire(now))
+        dropped = self.approx.expire(now) if self.uses_approx else 0
+        return stale, dropped

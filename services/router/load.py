@@ -1,0 +1,241 @@
+"""Active load per worker, as the routers see it. Pure: the clock is passed in.
+
+``ActiveLoad`` follows every routed request (this replica's and its peers', from their
+``RouteDecision``s) until the worker says ``finished``, a ``Cancel`` arrives, or it goes stale.
+Per worker it keeps, as Dynamo's ``ActiveSequences`` does,
+
+* **active prefill tokens**: the new (uncached) prompt tokens of requests not yet past prefill;
+* **active decode blocks**: the distinct KV blocks of its running requests. Requests sharing a
+  prefix share its blocks (reference-counted by sequence hash); a trailing partial block, and
+  every block of a request routed without hashes, counts on its own.
+
+``WorkerReports`` keeps each worker's latest ``WorkerLoad``; a report older than ``stale_s`` is
+ignored, so a busy mark expires when a worker stops reporting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shared.messages import WorkerLoad
+
+DEFAULT_REQUEST_TTL_S = 600.0
+DEFAULT_LOAD_STALE_S = 5.0
+
+
+@dataclass(slots=True)
+class _Request:
+    worker_id: str
+    block_hashes: Sequence[int]
+    own_blocks: int
+    """Blocks not shared through a hash: the partial tail, or all of them without hashes."""
+    prefill_tokens: int
+    expires_at: float
+    prefill_done: bool = False
+
+
+@dataclass(slots=True)
+class _Worker:
+    refs: dict[int, int] = field(default_factory=dict)
+    own_blocks: int = 0
+    prefill_tokens: int = 0
+    requests: int = 0
+
+
+class ActiveLoad:
+    """Requests in flight per worker, with shared-prefix block accounting."""
+
+    def __init__(self, ttl_s: float = DEFAULT_REQUEST_TTL_S) -> None:
+        self.ttl_s = ttl_s
+        self._requests: dict[str, _Request] = {}  # insertion order = expiry order
+        self._workers: dict[str, _Worker] = {}
+
+    def add(
+        self,
+        request_id: str,
+        worker_id: str,
+        *,
+        block_hashes: Sequence[int],
+        prompt_blocks: int,
+        prefill_tokens: int,
+        now: float,
+    ) -> None:
+        """Count a request routed to ``worker_id`` (replacing an earlier route of it)."""
+        self.free(request_id)
+        req = _Request(
+            worker_id=worker_id,
+            block_hashes=block_hashes,
+            own_blocks=max(0, prompt_blocks - len(block_hashes)),
+            prefill_tokens=prefill_tokens,
+            expires_at=now + self.ttl_s,
+        )
+        self._requests[request_id] = req
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            worker = self._workers[worker_id] = _Worker()
+        refs = worker.refs
+        for h in block_hashes:
+            refs[h] = refs.get(h, 0) + 1
+        worker.own_blocks += req.own_blocks
+        worker.prefill_tokens += prefill_tokens
+        worker.requests += 1
+
+    def prefill_done(self, request_id: str) -> None:
+        """The worker finished the request's prefill: its prompt no longer loads prefill."""
+        req = self._requests.get(request_id)
+        if req is None or req.prefill_done:
+            return
+        req.prefill_done = True
+        self._workers[req.worker_id].prefill_tokens -= req.prefill_tokens
+
+    def free(self, request_id: str) -> bool:
+        """The request finished or was cancelled; True when it was tracked."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return False
+        worker = self._workers[req.worker_id]
+        refs = worker.refs
+        for h in req.block_hashes:
+            left = refs[h] - 1
+            if left:
+                refs[h] = left
+            else:
+                del refs[h]
+        worker.own_blocks -= req.own_blocks
+        if not req.prefill_done:
+            worker.prefill_tokens -= req.prefill_tokens
+        worker.requests -= 1
+        if worker.requests == 0:
+            del self._workers[req.worker_id]
+        return True
+
+    def expire(self, now: float) -> list[str]:
+        """Free and return the requests older than the TTL (their end was never heard)."""
+        stale: list[str] = []
+        for request_id, req in self._requests.items():
+            if req.expires_at > now:
+                break
+            stale.append(request_id)
+        for request_id in stale:
+            self.free(request_id)
+        return stale
+
+    def remove_worker(self, worker_id: str) -> int:
+        """Forget every request of a worker that left; returns how many."""
+        gone = [rid for rid, req in self._requests.items() if req.worker_id == worker_id]
+        for request_id in gone:
+            self.free(request_id)
+        return len(gone)
+
+    # --- per-worker figures --------------------------------------------------------------------
+    def prefill_tokens(self, worker_id: str) -> int:
+        worker = self._workers.get(worker_id)
+        return worker.prefill_tokens if worker else 0
+
+    def decode_blocks(self, worker_id: str) -> int:
+        """Distinct KV blocks held by the worker's active requests."""
+        worker = self._workers.get(worker_id)
+        return len(worker.refs) + worker.own_blocks if worker else 0
+
+    def requests(self, worker_id: str) -> int:
+        worker = self._workers.get(worker_id)
+        return worker.requests if worker else 0
+
+    def figures(self, worker_id: str, block_hashes: Sequence[int]) -> tuple[int, int, int]:
+        """Active prefill tokens, active decode blocks, and the prompt's new blocks there."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return 0, 0, len(block_hashes)
+        return (
+            worker.prefill_tokens,
+            len(worker.refs) + worker.own_blocks,
+            self.new_blocks(worker_id, block_hashes),
+        )
+
+    def new_blocks(self, worker_id: str, block_hashes: Sequence[int]) -> int:
+        """How many of a prompt's hashed blocks are not already active on the worker.
+
+        Active blocks are prefix-closed (a sequence hash implies its whole prefix), so the
+        shared part is a prefix of the prompt, found by binary search.
+        """
+        worker = self._workers.get(worker_id)
+        if worker is None or not block_hashes or block_hashes[0] not in worker.refs:
+            return len(block_hashes)
+        refs = worker.refs
+        lo, hi = 1, len(block_hashes)  # block_hashes[:lo] are active; find the largest such lo
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if block_hashes[mid - 1] in refs:
+                lo = mid
+            else:
+                hi = mid - 1
+        return len(block_hashes) - lo
+
+    def workers(self) -> list[str]:
+        return sorted(self._workers)
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._requests
+
+
+@dataclass(frozen=True, slots=True)
+class BusyThresholds:
+    """Dynamo's busy checks; each is off while ``None``."""
+
+    decode_blocks_frac: float | None = None
+    """``--active-decode-blocks-threshold``: busy when used KV blocks / total > this (0..1)."""
+    prefill_tokens: int | None = None
+    """``--active-prefill-tokens-threshold``: busy when active prefill tokens > this."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.decode_blocks_frac is not None or self.prefill_tokens is not None
+
+
+class WorkerReports:
+    """The latest ``WorkerLoad`` of each worker, with the time it arrived."""
+
+    def __init__(self, stale_s: float = DEFAULT_LOAD_STALE_S) -> None:
+        self.stale_s = stale_s
+        self._latest: dict[str, tuple[WorkerLoad, float]] = {}
+
+    def update(self, load: WorkerLoad, now: float) -> None:
+        self._latest[load.worker_id] = (load, now)
+
+    def fresh(self, worker_id: str, now: float) -> WorkerLoad | None:
+        """The worker's report if it is younger than ``stale_s``."""
+        entry = self._latest.get(worker_id)
+        if entry is None or now - entry[1] > self.stale_s:
+            return None
+        return entry[0]
+
+    def remove_worker(self, worker_id: str) -> None:
+        self._latest.pop(worker_id, None)
+
+
+def is_busy(
+    thresholds: BusyThresholds,
+    *,
+    report: WorkerLoad | None,
+    tracked_prefill_tokens: int,
+    kv_total_blocks: int = 0,
+) -> bool:
+    """Dynamo's busy rule for one worker.
+
+    KV usage comes from the worker's own (fresh) report, since only the engine knows what it
+    evicted; prefill tokens are the larger of the report and this router's own count.
+    ``kv_total_blocks`` (from the worker card) stands in when the report has no total.
+    """
+    if thresholds.decode_blocks_frac is not None and report is not None:
+        total = report.kv_total_blocks or kv_total_blocks
+        if total > 0 and report.kv_used_blocks / total > thresholds.decode_blocks_frac:
+            return True
+    if thresholds.prefill_tokens is not None:
+        reported = report.prefill_tokens if report is not None else 0
+        if max(reported, tracked_prefill_tokens) > thresholds.prefill_tokens:
+            return True
+    return False

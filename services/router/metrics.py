@@ -1,0 +1,71 @@
+"""The router's Prometheus instruments, beside the ones every service has."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from shared.metrics import ServiceMetrics
+
+OVERLAP_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+class RouterMetrics:
+    """Decisions by mode, overlap, index size, KV event flow and lag."""
+
+    def __init__(self, base: ServiceMetrics | None = None) -> None:
+        self.base = base or ServiceMetrics("router")
+        registry = self.base.registry
+        self.decisions = Counter(
+            "jetserve_router_decisions_total",
+            "Routing decisions made by this replica, by mode",
+            ["mode"],
+            registry=registry,
+        )
+        self.overlap_blocks = Histogram(
+            "jetserve_router_overlap_blocks",
+            "Cached prefix blocks on the chosen worker, per decision",
+            buckets=OVERLAP_BUCKETS,
+            registry=registry,
+        )
+        self.index_blocks = Gauge(
+            "jetserve_router_index_blocks",
+            "(worker, block) pairs in the KV index",
+            registry=registry,
+        )
+        self.index_nodes = Gauge(
+            "jetserve_router_index_nodes",
+            "Distinct blocks in the KV index",
+            registry=registry,
+        )
+        self.kv_events = Counter(
+            "jetserve_router_kv_event_batches_total",
+            "KV event batches consumed, by outcome (applied, duplicate, gap, held)",
+            ["outcome"],
+            registry=registry,
+        )
+        self.event_lag = Gauge(
+            "jetserve_router_kv_event_lag_messages",
+            "KV event stream messages not yet consumed",
+            registry=registry,
+        )
+        self.event_age = Gauge(
+            "jetserve_router_kv_event_age_seconds",
+            "Age of the last KV event batch consumed (now - its worker timestamp)",
+            registry=registry,
+        )
+        self.dumps = Counter(
+            "jetserve_router_kv_dumps_total",
+            "Full KV dumps requested from workers, by result",
+            ["result"],
+            registry=registry,
+        )
+        self.active_requests = Gauge(
+            "jetserve_router_active_requests",
+            "Requests in flight as this replica accounts them (all replicas' decisions)",
+            registry=registry,
+        )
+        self.snapshots = Counter(
+            "jetserve_router_snapshots_total",
+            "Index snapshots written by this replica",
+            registry=registry,
+        )

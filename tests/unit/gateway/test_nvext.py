@@ -1,0 +1,140 @@
+"""``nvext``, ``cache_salt`` and the routing headers mapped onto ``Preprocess``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from services.gateway.translate import (
+    NO_HEADERS,
+    RoutingHeaders,
+    chat_to_preprocess,
+    completion_to_preprocess,
+    parse_chat,
+    parse_completion,
+    routing_headers,
+)
+from shared.errors import InvalidRequest
+from shared.messages import Preprocess, RoutingHints
+
+USER = {"role": "user", "content": "hi"}
+
+
+def chat(headers: RoutingHeaders = NO_HEADERS, **fields: Any) -> Preprocess:
+    body = msgspec.json.encode({"model": "m", "messages": [USER], **fields})
+    return chat_to_preprocess(
+        parse_chat(body), request_id="r1", reply_to="gw.r1", created=7, headers=headers
+    )
+
+
+def error(headers: RoutingHeaders = NO_HEADERS, **fields: Any) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as caught:
+        chat(headers, **fields)
+    return caught.value
+
+
+class TestRouting:
+    def test_plain_request_has_no_routing_and_no_pin(self) -> None:
+        req = chat()
+        assert (req.routing, req.worker_id, req.output.extra_fields) == (None, None, ())
+
+    def test_nvext_overrides_become_routing_hints(self) -> None:
+        req = chat(nvext={"overlap_score_weight": 0.5, "router_temperature": 0.2})
+        assert req.routing == RoutingHints(overlap_score_weight=0.5, router_temperature=0.2)
+
+    def test_backend_instance_id_pins_a_worker(self) -> None:
+        assert chat(nvext={"backend_instance_id": "mocker-1"}).worker_id == "mocker-1"
+
+    def test_numeric_backend_instance_id_is_a_string_id(self) -> None:
+        assert chat(nvext={"backend_instance_id": 42}).worker_id == "42"
+
+    def test_worker_header_pins_a_worker(self) -> None:
+        assert chat(RoutingHeaders(worker_instance_id="w7")).worker_id == "w7"
+
+    def test_same_worker_in_body_and_header_is_fine(self) -> None:
+        req = chat(RoutingHeaders(worker_instance_id="w7"), nvext={"backend_instance_id": "w7"})
+        assert req.worker_id == "w7"
+
+    def test_different_workers_in_body_and_header_are_rejected(self) -> None:
+        exc = error(RoutingHeaders(worker_instance_id="w8"), nvext={"backend_instance_id": "w7"})
+        assert exc.param == "nvext.backend_instance_id"
+
+    @pytest.mark.parametrize("bad", ["a.b", "w 1", "*", ">", "-1.5"])
+    def test_worker_id_that_is_no_subject_token_is_rejected(self, bad: str) -> None:
+        assert error(nvext={"backend_instance_id": bad}).param == "nvext.backend_instance_id"
+        assert error(RoutingHeaders(worker_instance_id=bad)).param == "x-worker-instance-id"
+
+    def test_cache_salt_from_the_body(self) -> None:
+        assert chat(cache_salt="tenant-a").routing == RoutingHints(cache_salt="tenant-a")
+
+    def test_tenant_header_is_the_salt_when_the_body_has_none(self) -> None:
+        req = chat(RoutingHeaders(tenant_id="acme"))
+        assert req.routing == RoutingHints(cache_salt="acme")
+
+    def test_body_salt_wins_over_the_tenant_header(self) -> None:
+        req = chat(RoutingHeaders(tenant_id="acme"), cache_salt="s")
+        assert req.routing is not None
+        assert req.routing.cache_salt == "s"
+
+    def test_overlong_tenant_header_is_rejected(self) -> None:
+        assert error(RoutingHeaders(tenant_id="x" * 257)).param == "x-tenant-id"
+
+    @pytest.mark.parametrize(
+        ("nvext", "param"),
+        [
+            ({"overlap_score_weight": -1}, "nvext.overlap_score_weight"),
+            ({"router_temperature": -0.1}, "nvext.router_temperature"),
+            ({"backend_instance_id": True}, "nvext.backend_instance_id"),
+            ({"extra_fields": "worker_id"}, "nvext.extra_fields"),
+        ],
+    )
+    def test_invalid_nvext_values_are_400s_naming_the_field(
+        self, nvext: dict[str, Any], param: str
+    ) -> None:
+        body = msgspec.json.encode({"model": "m", "messages": [USER], "nvext": nvext})
+        with pytest.raises(InvalidRequest) as caught:
+            parse_chat(body)
+        assert caught.value.param == param
+
+    def test_empty_cache_salt_is_rejected(self) -> None:
+        body = msgspec.json.encode({"model": "m", "messages": [USER], "cache_salt": ""})
+        with pytest.raises(InvalidRequest) as caught:
+            parse_chat(body)
+        assert caught.value.param == "cache_salt"
+
+
+class TestExtraFields:
+    def test_worker_id_is_asked_for(self) -> None:
+        req = chat(nvext={"extra_fields": ["worker_id"]})
+        assert req.output.extra_fields == ("worker_id",)
+
+    def test_unknown_extra_fields_are_ignored(self) -> None:
+        req = chat(nvext={"extra_fields": ["timing", "worker_id", "worker_id"]})
+        assert req.output.extra_fields == ("worker_id",)
+
+    def test_completions_take_nvext_too(self) -> None:
+        body = msgspec.json.encode(
+            {
+                "model": "m",
+                "prompt": "p",
+                "nvext": {"extra_fields": ["worker_id"], "backend_instance_id": "w1"},
+            }
+        )
+        req = completion_to_preprocess(
+            parse_completion(body), request_id="r", reply_to="gw.r", created=1
+        )
+        assert (req.worker_id, req.output.extra_fields) == ("w1", ("worker_id",))
+
+
+class TestHeaders:
+    def test_routing_headers_are_picked_from_raw_asgi_headers(self) -> None:
+        raw = [(b"x-tenant-id", b"acme"), (b"x-worker-instance-id", b" w1 "), (b"a", b"b")]
+        assert routing_headers(raw) == RoutingHeaders(tenant_id="acme", worker_instance_id="w1")
+
+    def test_no_routing_headers(self) -> None:
+        assert routing_headers([(b"content-type", b"application/json")]) is NO_HEADERS
+
+    def test_empty_header_values_are_ignored(self) -> None:
+        assert routing_headers([(b"x-tenant-id", b"")]) is NO_HEADERS

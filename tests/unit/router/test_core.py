@@ -1,0 +1,229 @@
+"""The decision core: kv routing, load accounting, busy filtering, pinning, approximate mode."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from services.router.core import CoreSettings, RoutingCore
+from services.router.load import BusyThresholds
+from shared.errors import AllWorkersBusy, InvalidRequest, NotFound, NoWorkerAvailable
+from shared.hashing import prefix_hashes
+from shared.messages import (
+    Generate,
+    RequestPhase,
+    RoutingHints,
+    SamplingParams,
+    WorkerCard,
+    WorkerLoad,
+)
+
+PREFIX = tuple(range(5000, 5000 + 16 * 8))  # 8 full blocks
+
+
+def _gen(rid: str = "r1", tokens: tuple[int, ...] = PREFIX, **kw: object) -> Generate:
+    return Generate(
+        request_id=rid,
+        model="m",
+        token_ids=tokens,
+        sampling=SamplingParams(),
+        stream_to="s",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _cards(*ids: str, kv_blocks: int = 1000) -> list[WorkerCard]:
+    return [WorkerCard(worker_id=i, model="m", block_size=16, kv_blocks=kv_blocks) for i in ids]
+
+
+def _core(**kw: object) -> RoutingCore:
+    return RoutingCore(CoreSettings(mode="kv", **kw))  # type: ignore[arg-type]
+
+
+RNG = random.Random(0)
+
+
+class TestKvRouting:
+    def test_request_goes_to_the_worker_holding_its_prefix(self) -> None:
+        core = _core()
+        core.sync.index.store("w2", prefix_hashes(PREFIX, 16))
+        decision = core.decide(_gen(), _cards("w1", "w2", "w3"), now=0, rng=RNG)
+        assert (decision.worker_id, decision.overlap_blocks, decision.prefill_tokens) == (
+            "w2",
+            8,
+            0,
+        )
+        assert decision.mode == "kv"
+        assert [c.worker_id for c in decision.candidates] == ["w1", "w2", "w3"]
+
+    def test_load_outweighs_a_small_overlap(self) -> None:
+        core = _core()
+        core.sync.index.store("w1", prefix_hashes(PREFIX, 16)[:1])
+        for i in range(4):
+            core.commit(core.decide(_gen(f"x{i}", tuple(range(i * 1000, i * 1000 + 256))),
+                                    _cards("w1"), now=0, rng=RNG), now=0)  # fmt: skip
+        assert core.decide(_gen(), _cards("w1", "w2"), now=0, rng=RNG).worker_id == "w2"
+
+    def test_overlap_weight_override_zero_ignores_the_cache(self) -> None:
+        core = _core()
+        core.sync.index.store("w1", prefix_hashes(PREFIX, 16))
+        core.commit(core.decide(_gen("busy", tuple(range(64))), _cards("w1"), now=0, rng=RNG), 0)
+        hints = RoutingHints(overlap_score_weight=0.0)
+        assert (
+            core.decide(_gen(routing=hints), _cards("w1", "w2"), now=0, rng=RNG).worker_id == "w2"
+        )
+
+    def test_salted_request_does_not_match_unsalted_cache(self) -> None:
+        core = _core()
+        core.sync.index.store("w1", prefix_hashes(PREFIX, 16))
+        salted = _gen(routing=RoutingHints(cache_salt="tenant-b"))
+        assert core.decide(salted, _cards("w1", "w2"), now=0, rng=RNG).overlap_blocks == 0
+        lora = _gen(routing=RoutingHints(lora_name="adapter"))
+        assert core.decide(lora, _cards("w1"), now=0, rng=RNG).overlap_blocks == 0
+
+    def test_identical_idle_workers_are_chosen_at_random(self) -> None:
+        core = _core()
+        picks = {core.decide(_gen(), _cards("a", "b", "c"), now=0, rng=random.Random(i)).worker_id
+                 for i in range(60)}  # fmt: skip
+        assert picks == {"a", "b", "c"}
+
+
+class TestLoadAccounting:
+    def test_prefill_leaves_at_prefill_done_and_blocks_at_finished(self) -> None:
+        core = _core()
+        core.commit(core.decide(_gen(), _cards("w1"), now=0, rng=RNG), now=0)
+        assert (core.load.prefill_tokens("w1"), core.load.decode_blocks("w1")) == (128, 8)
+        core.on_phase(RequestPhase(request_id="r1", worker_id="w1", phase="prefill_done"))
+        assert (core.load.prefill_tokens("w1"), core.load.decode_blocks("w1")) == (0, 8)
+        core.on_phase(RequestPhase(request_id="r1", worker_id="w1", phase="finished"))
+        assert core.load.decode_blocks("w1") == 0
+
+    def test_cancel_frees_the_request(self) -> None:
+        core = _core()
+        core.commit(core.decide(_gen(), _cards("w1"), now=0, rng=RNG), now=0)
+        core.on_cancel("r1")
+        assert len(core.load) == 0
+
+    def test_requests_sharing_a_prefix_share_its_decode_blocks(self) -> None:
+        core = _core()
+        core.commit(core.decide(_gen("a", (*PREFIX, 1, 2, 3)), _cards("w1"), now=0, rng=RNG), 0)
+        core.commit(core.decide(_gen("b", (*PREFIX, 4, 5)), _cards("w1"), now=0, rng=RNG), 0)
+        assert core.load.decode_blocks("w1") == 8 + 1 + 1  # shared prefix + two partial tails
+
+    def test_a_request_with_an_active_prefix_costs_only_its_tail(self) -> None:
+        core = _core()
+        core.commit(core.decide(_gen("a"), _cards("w1"), now=0, rng=RNG), 0)
+        decision = core.decide(_gen("b", (*PREFIX, 9)), _cards("w1"), now=0, rng=RNG)
+        assert decision.candidates[0].decode_blocks == 8 + 1
+
+    def test_stale_requests_expire(self) -> None:
+        core = _core()
+        core.load.ttl_s = 10
+        core.commit(core.decide(_gen(), _cards("w1"), now=0, rng=RNG), now=0)
+        assert core.sweep(5) == (0, 0)
+        assert core.sweep(11) == (1, 0)
+        assert core.load.decode_blocks("w1") == 0
+
+    def test_rerouting_a_request_moves_its_load(self) -> None:
+        core = _core()
+        core.commit(core.decide(_gen(), _cards("w1"), now=0, rng=RNG), 0)
+        core.commit(core.decide(_gen(), _cards("w2"), now=0, rng=RNG), 0)
+        assert (core.load.requests("w1"), core.load.requests("w2")) == (0, 1)
+
+
+class TestBusy:
+    def _busy_core(self, status: int = 503) -> RoutingCore:
+        return _core(busy=BusyThresholds(decode_blocks_frac=0.5, prefill_tokens=1000),
+                     busy_status=status, busy_retry_after_s=2.0)  # fmt: skip
+
+    def test_busy_workers_are_skipped(self) -> None:
+        core = self._busy_core()
+        core.sync.index.store("w1", prefix_hashes(PREFIX, 16))
+        core.on_load(WorkerLoad(worker_id="w1", kv_used_blocks=900, kv_total_blocks=1000), now=0)
+        decision = core.decide(_gen(), _cards("w1", "w2"), now=1, rng=RNG)
+        assert decision.worker_id == "w2"
+        assert [c.busy for c in decision.candidates] == [True, False]
+
+    def test_tracked_prefill_tokens_mark_a_worker_busy(self) -> None:
+        core = self._busy_core()
+        core.commit(core.decide(_gen("big", tuple(range(2000))), _cards("w1"), now=0, rng=RNG), 0)
+        assert core.decide(_gen(), _cards("w1", "w2"), now=0, rng=RNG).worker_id == "w2"
+
+    @pytest.mark.parametrize("status", [503, 529])
+    def test_all_busy_is_rejected_with_retry_after(self, status: int) -> None:
+        core = self._busy_core(status)
+        core.on_load(WorkerLoad(worker_id="w1", prefill_tokens=5000), now=0)
+        with pytest.raises(AllWorkersBusy, match="busy") as info:
+            core.decide(_gen(), _cards("w1"), now=0, rng=RNG)
+        assert (info.value.http_status, info.value.retry_after_s) == (status, 2.0)
+        assert info.value.headers() == {"Retry-After": "2"}
+
+    def test_busy_mark_expires_when_reports_stop(self) -> None:
+        core = self._busy_core()
+        core.on_load(WorkerLoad(worker_id="w1", kv_used_blocks=999, kv_total_blocks=1000), now=0)
+        assert core.reports.stale_s == 5.0
+        assert core.decide(_gen(), _cards("w1"), now=6, rng=RNG).worker_id == "w1"
+
+    def test_card_capacity_stands_in_for_a_report_without_total(self) -> None:
+        core = self._busy_core()
+        core.on_load(WorkerLoad(worker_id="w1", kv_used_blocks=600), now=0)
+        with pytest.raises(AllWorkersBusy):
+            core.decide(_gen(), _cards("w1", kv_blocks=1000), now=0, rng=RNG)
+
+
+class TestPinning:
+    def test_pinned_worker_is_used_and_its_load_counted(self) -> None:
+        core = _core(busy=BusyThresholds(prefill_tokens=0))
+        decision = core.decide(_gen(worker_id="w2"), _cards("w1", "w2"), now=0, rng=RNG)
+        core.commit(decision, 0)
+        assert (decision.worker_id, decision.mode) == ("w2", "direct")
+        assert core.load.requests("w2") == 1
+
+    def test_pinned_worker_that_is_not_live_is_not_found(self) -> None:
+        with pytest.raises(NotFound, match="w9"):
+            _core().decide(_gen(worker_id="w9"), _cards("w1"), now=0, rng=RNG)
+
+    def test_direct_mode_needs_a_pinned_worker(self) -> None:
+        core = RoutingCore(CoreSettings(mode="direct"))
+        with pytest.raises(InvalidRequest, match="direct"):
+            core.decide(_gen(), _cards("w1"), now=0, rng=RNG)
+
+    def test_no_live_worker(self) -> None:
+        with pytest.raises(NoWorkerAvailable):
+            _core().decide(_gen(), [], now=0, rng=RNG)
+
+
+class TestApproximateMode:
+    def test_chosen_worker_is_assumed_to_cache_the_prompt_until_the_ttl(self) -> None:
+        core = _core(use_kv_events=False)
+        core.approx.ttl_s = 120
+        first = core.decide(_gen("a"), _cards("w1", "w2"), now=0, rng=RNG)
+        core.commit(first, 0)
+        core.on_phase(RequestPhase(request_id="a", worker_id=first.worker_id, phase="finished"))
+        again = core.decide(_gen("b"), _cards("w1", "w2"), now=60, rng=RNG)
+        assert (again.worker_id, again.overlap_blocks, again.mode) == (
+            first.worker_id,
+            8,
+            "kv-approx",
+        )
+        core.sweep(121)
+        assert core.decide(_gen("c"), _cards("w1", "w2"), now=121, rng=RNG).overlap_blocks == 0
+
+    def test_routing_again_refreshes_the_ttl(self) -> None:
+        core = _core(use_kv_events=False)
+        core.approx.ttl_s = 100
+        core.commit(core.decide(_gen("a"), _cards("w1"), now=0, rng=RNG), 0)
+        core.commit(core.decide(_gen("b"), _cards("w1"), now=90, rng=RNG), 90)
+        core.sweep(150)
+        assert core.decide(_gen("c"), _cards("w1"), now=150, rng=RNG).overlap_blocks == 8
+        core.sweep(191)
+        assert core.decide(_gen("d"), _cards("w1"), now=191, rng=RNG).overlap_blocks == 0
+
+
+def test_removed_worker_loses_index_and_load() -> None:
+    core = _core()
+    core.sync.index.store("w1", prefix_hashes(PREFIX, 16))
+    core.commit(core.decide(_gen(), _cards("w1"), now=0, rng=RNG), 0)
+    assert core.remove_worker("w1")
+    assert core.known_workers() == set()

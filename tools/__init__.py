@@ -1,0 +1,1 @@
+"""Developer tools (not shipped): documentation generators."""
