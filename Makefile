@@ -50,8 +50,8 @@ typecheck: $(STAMP) ## mypy --strict on shared/ and services/
 bench: $(STAMP) ## serving benchmark: c=1 and c=64 with speedup 0; prints JSON
 	$(PY) -m bench.serving $(ARGS)
 
-bench-routing: $(STAMP) ## router benchmark: decision latency, KV events/s (part a); prints JSON
-	$(PY) -m bench.routing $(ARGS)
+bench-routing: $(STAMP) ## router benchmark: decision latency + events/s (a), shared-prefix kv vs round-robin (b)
+	$(PY) -m bench.routing --part a b $(ARGS)
 
 config-doc: $(STAMP) ## regenerate docs/configuration.md from the services' flags
 	$(PY) -m tools.config_doc --write

@@ -9,26 +9,31 @@
     router's decision latency (``RoutingCore.decide``: salted block hashing, index lookup, cost
     of all 16 workers, selection) is measured for 1k- and 8k-token prompts that hit a cached
     prefix and for misses, with 64 requests active, plus its parts (hashing, ``find_matches``).
-(b) The shared-prefix serving workload (kv vs round-robin, KV hit rate, TTFT, requests/s) is
-    run by ``serving_workload``, a hook the lead wires to the stack and ``loadgen.py``.
+(b) ``--part b``: the shared-prefix serving workload on a local stack (4 mockers at speedup 1,
+    1024 blocks of 16): KV hit rate, TTFT p50/p99 and requests/s for each ``--modes``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from bench.serving import WORDS, cpu_s, run_chats, summarize, warm_up
+from services.cli.stack import Stack, StackConfig
 from services.router.core import CoreSettings, RoutingCore
 from services.router.sync import KvSync
 from shared import codec
 from shared.hashing import prefix_hashes
 from shared.messages import BlockStored, Generate, KvEventBatch, SamplingParams, WorkerCard
+from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
 
 BLOCK = 16
 SEQ_TOKENS = 8192
@@ -146,15 +151,65 @@ def part_a(
     return res
 
 
-def serving_workload(mode: str, **options: Any) -> dict[str, Any]:
-    """Part (b) hook: run the shared-prefix workload against a stack in ``mode``.
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
 
-    Expected to start 4 mockers (``--speedup-ratio 1 --block-size 16
-    --num-gpu-blocks-override 1024``) and one router in ``mode`` (``kv`` / ``round-robin``), run
-    ``../shared/bench/loadgen.py -c 16 -n 400 --max-tokens 32 --prompt-words 50 --num-prefixes 8
-    --prefix-words 2800`` and return its summary (KV hit rate, TTFT p50/p99, requests/s).
+
+def shared_prefix_chats(
+    requests: int, prefixes: int, prefix_words: int, user_words: int, seed: int = 11
+) -> list[list[dict[str, str]]]:
+    """Each chat: one of ``prefixes`` fixed system prompts + a unique user message."""
+    rng = random.Random(seed)
+    systems = [_words(rng, prefix_words) for _ in range(prefixes)]
+    return [
+        [
+            {"role": "system", "content": systems[rng.randrange(prefixes)]},
+            {
+                "role": "user",
+                "content": f"{i} " + " ".join(rng.choice(WORDS) for _ in range(user_words)),
+            },
+        ]
+        for i in range(requests)
+    ]
+
+
+def serving_workload(mode: str, **options: Any) -> dict[str, Any]:
+    """Part (b): the shared-prefix workload against a fresh local stack routing in ``mode``.
+
+    4 mockers (``--speedup-ratio 1 --block-size 16 --num-gpu-blocks-override 1024``), 400
+    streaming chats at concurrency 16, 32 output tokens, each one of 8 ~2800-word system prompts
+    plus a unique 50-word user message (the shape of ``../shared/bench`` workload (c)).
     """
-    raise NotImplementedError("part (b) is wired by the lead (bench.routing.serving_workload)")
+    requests = int(options.get("requests", 400))
+    model_dir = ensure_default_model_dir(Path.home() / ".cache" / "jetserve" / "qwen3-model")
+    stack = Stack(
+        StackConfig(
+            http_port=0,
+            workers=4,
+            router_mode=mode,
+            model_path=str(model_dir),
+            model_name=DEFAULT_MODEL_NAME,
+            mocker_args="--speedup-ratio 1 --block-size 16 --num-gpu-blocks-override 1024",
+            log_level="WARNING",
+            namespace=f"benchrt{os.getpid()}",
+        )
+    )
+    stack.start()
+    try:
+        pids = stack.pids()
+        chats = shared_prefix_chats(requests, 8, 2800, 50)
+        asyncio.run(warm_up(stack.base_url, DEFAULT_MODEL_NAME))
+        before = {k: cpu_s(p) for k, p in pids.items()}
+        records, wall = asyncio.run(run_chats(stack.base_url, DEFAULT_MODEL_NAME, chats, 16, 32))
+        cpu = {k: cpu_s(p) - before[k] for k, p in pids.items()}
+    finally:
+        stack.stop()
+    spec = {"concurrency": 16, "requests": requests, "max_tokens": 32}
+    summary = summarize(f"shared-prefix/{mode}", spec, records, wall, cpu)
+    ok = [r for r in records if r.ok]
+    prompt_tokens = sum(r.prompt_tokens for r in ok)
+    summary["kv_hit_rate"] = round(sum(r.cached_tokens for r in ok) / max(1, prompt_tokens), 4)
+    return summary
 
 
 def main(argv: list[str] | None = None) -> None:

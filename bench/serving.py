@@ -121,22 +121,30 @@ async def warm_up(url: str, model: str) -> None:
 
 
 async def run_workload(url: str, model: str, spec: dict[str, int]) -> tuple[list[Record], float]:
-    target = urlparse(url)
+    """One user turn of ``prompt_words`` random words per request."""
     texts = prompts(spec["requests"], spec["prompt_words"])
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    for t in texts:
-        queue.put_nowait(t)
+    chats = [[{"role": "user", "content": t}] for t in texts]
+    return await run_chats(url, model, chats, spec["concurrency"], spec["max_tokens"])
+
+
+async def run_chats(
+    url: str, model: str, chats: list[list[dict[str, str]]], concurrency: int, max_tokens: int
+) -> tuple[list[Record], float]:
+    """Send every chat (streaming, ``ignore_eos``) from ``concurrency`` kept-alive connections."""
+    target = urlparse(url)
+    queue: asyncio.Queue[list[dict[str, str]]] = asyncio.Queue()
+    for chat in chats:
+        queue.put_nowait(chat)
     records: list[Record] = []
 
     async def worker() -> None:
         conn = Connection(target.hostname or "127.0.0.1", target.port or 80)
         try:
             while not queue.empty():
-                text = queue.get_nowait()
                 body = {
                     "model": model,
-                    "messages": [{"role": "user", "content": text}],
-                    "max_tokens": spec["max_tokens"],
+                    "messages": queue.get_nowait(),
+                    "max_tokens": max_tokens,
                     "stream": True,
                     "stream_options": {"include_usage": True},
                     "temperature": 0.0,
@@ -151,7 +159,7 @@ async def run_workload(url: str, model: str, spec: dict[str, int]) -> tuple[list
             await conn.close()
 
     started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(spec["concurrency"])))
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
     return records, time.perf_counter() - started
 
 

@@ -61,7 +61,7 @@ def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--router-mode",
         default=env("JETSERVE_ROUTER_MODE", "round-robin"),
-        choices=["round-robin", "random"],
+        choices=["round-robin", "random", "kv", "direct"],
         help=env_help("Routing policy", "JETSERVE_ROUTER_MODE"),
     )
     p.add_argument(
