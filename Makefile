@@ -24,8 +24,18 @@ install: $(STAMP) ## create .venv with every service, the test tools and the Qwe
 run: $(STAMP) ## run JetServe: private nats-server, all services, 2 mocker workers, on :8000
 	$(VENV)/bin/jetserve up $(ARGS)
 
-test: $(STAMP) ## unit + integration + e2e tests (what CI runs)
+test: $(STAMP) ## unit + integration + e2e + compose tests, then integration on a NATS container (what CI runs)
+	@bash tests/compose/with_docker.sh $(MAKE) --no-print-directory _test-all
+
+# Docker is there (JETSERVE_DOCKER_READY) or not (JETSERVE_DOCKER_SKIP_REASON): see with_docker.sh.
+_test-all:
 	$(PY) -m pytest $(PYTEST_ARGS)
+	@if [ "$${JETSERVE_DOCKER_READY:-}" = 1 ]; then \
+		echo "integration tests again, NATS from testcontainers (JETSERVE_TEST_NATS=container)"; \
+		JETSERVE_TEST_NATS=container $(PY) -m pytest tests/integration $(PYTEST_ARGS); \
+	else \
+		echo "skipping the testcontainers pass: $${JETSERVE_DOCKER_SKIP_REASON:-no Docker}"; \
+	fi
 
 test-unit: $(STAMP) ## pure-logic tests only (no sockets)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
@@ -35,6 +45,22 @@ test-integration: $(STAMP) ## tests against a real nats-server
 
 test-e2e: $(STAMP) ## every service as a process, driven by the openai client
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+test-compose: $(STAMP) ## the compose test: starts dockerd and builds local images if needed
+	JETSERVE_DOCKER_PROVISION=1 bash tests/compose/with_docker.sh $(PY) -m pytest tests/compose $(PYTEST_ARGS)
+
+test-containers: $(STAMP) ## integration tests against NATS in a container (testcontainers)
+	JETSERVE_DOCKER_PROVISION=1 bash tests/compose/with_docker.sh \
+		env JETSERVE_TEST_NATS=container $(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+images-local: $(STAMP) ## no registry? build python:3.11-slim, nats and jetserve images locally (starts dockerd)
+	bash tests/compose/build_local_images.sh all
+
+up: ## docker compose up -d (ARGS="--scale router=2 --scale mocker=4")
+	$(COMPOSE) up -d $(ARGS)
+
+down: ## docker compose down -v: remove containers, network and the NATS volume
+	$(COMPOSE) down -v --remove-orphans
 
 lint: $(STAMP) ## ruff (format check + lint)
 	$(VENV)/bin/ruff format --check .

@@ -73,7 +73,7 @@ def docker_unavailable_reason(*, images: bool = True) -> str | None:
 
 
 def compose_command() -> list[str] | None:
-    """``docker compose`` (v2) where the plugin exists, else ``docker-compose`` (1.29), else None."""
+    """``docker compose`` (v2) where the plugin exists, else ``docker-compose`` (1.29), or None."""
     if shutil.which("docker") and _run(["docker", "compose", "version"]).returncode == 0:
         return ["docker", "compose"]
     if exe := shutil.which("docker-compose"):

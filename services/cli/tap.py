@@ -25,9 +25,11 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from services.cli import tapformat
 from shared.config import DEFAULT_NATS_URL, env, env_help
-from shared.subjects import Subjects, check_token
+from shared.subjects import VERSION, check_token
 
 CONNECT_TIMEOUT_S = 5.0
+RECONNECT_ATTEMPTS = 10
+"""Tries, 0.5 s apart, before tap gives up on an unreachable or lost server."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +97,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def options_from(args: argparse.Namespace) -> TapOptions:
     """Validate the parsed flags; raises ValueError with a message for the user."""
     check_token(args.namespace, "--namespace")
-    subjects = args.subjects or [f"{Subjects(args.namespace).namespace}.v1.>"]
+    subjects = args.subjects or [f"{args.namespace}.{VERSION}.>"]
     if not args.exact:
         subjects = [tapformat.expand(s, args.namespace) for s in subjects]
     if args.count < 0 or args.timeout < 0 or args.since_seq < 0:
@@ -160,13 +162,9 @@ class _Printer:
 
 async def tap(options: TapOptions, out: BinaryIO) -> int:
     """Subscribe, print until ``--count``, ``--timeout`` or a signal; returns the exit status."""
+    closed = asyncio.Event()
     try:
-        nc = await nats.connect(
-            [s.strip() for s in options.nats_url.split(",") if s.strip()],
-            name="jetserve-tap",
-            connect_timeout=CONNECT_TIMEOUT_S,
-            max_reconnect_attempts=-1,
-        )
+        nc = await _connect(options.nats_url, closed)
     except (nats.errors.Error, OSError, TimeoutError) as exc:
         print(f"jetserve tap: cannot connect to {options.nats_url}: {exc}", file=sys.stderr)
         return 1
@@ -178,7 +176,7 @@ async def tap(options: TapOptions, out: BinaryIO) -> int:
             await _live(nc, options, printer)
         await nc.flush()
         print(f"jetserve tap: listening on {', '.join(options.subjects)}", file=sys.stderr)
-        return await _wait(options, printer)
+        return await _wait(options, printer, closed)
     except _TapError as exc:
         print(f"jetserve tap: {exc}", file=sys.stderr)
         return 1
@@ -191,12 +189,42 @@ class _TapError(Exception):
     """A problem to report to the user in one line."""
 
 
-async def _live(nc: Client, options: TapOptions, printer: _Printer) -> None:
-    async def on_msg(msg: Msg) -> None:
-        printer.print(msg, time=datetime.now(UTC))
+async def _connect(url: str, closed: asyncio.Event) -> Client:
+    """Connect with a few retries; errors are one stderr line each, ``closed`` set on give-up."""
+    last = ""
 
-    for subject in options.subjects:
-        await nc.subscribe(subject, cb=on_msg)
+    async def on_error(exc: Exception) -> None:
+        nonlocal last
+        if str(exc) != last:
+            last = str(exc)
+            print(f"jetserve tap: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    async def on_closed() -> None:
+        closed.set()
+
+    return await nats.connect(
+        [s.strip() for s in url.split(",") if s.strip()],
+        name="jetserve-tap",
+        connect_timeout=CONNECT_TIMEOUT_S,
+        max_reconnect_attempts=RECONNECT_ATTEMPTS,
+        reconnect_time_wait=0.5,
+        error_cb=on_error,
+        closed_cb=on_closed,
+    )
+
+
+async def _live(nc: Client, options: TapOptions, printer: _Printer) -> None:
+    """One subscription (several subjects: their common wildcard, filtered here), so lines come
+    out in the order the server delivered them."""
+    patterns = list(options.subjects)
+    subject = tapformat.covering(patterns)
+    only = None if subject in patterns else patterns
+
+    async def on_msg(msg: Msg) -> None:
+        if only is None or any(tapformat.matches(p, msg.subject) for p in only):
+            printer.print(msg, time=datetime.now(UTC))
+
+    await nc.subscribe(subject, cb=on_msg)
 
 
 async def _replay(nc: Client, options: TapOptions, printer: _Printer) -> None:
@@ -246,12 +274,13 @@ async def _replay_stream(
         raise _TapError(f"cannot replay {stream} ({pattern}): {exc}") from exc
 
 
-async def _wait(options: TapOptions, printer: _Printer) -> int:
+async def _wait(options: TapOptions, printer: _Printer, closed: asyncio.Event) -> int:
+    """Until ``--count``, ``--timeout``, a signal, or the connection is lost for good."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    waits = [asyncio.ensure_future(printer.done.wait()), asyncio.ensure_future(stop.wait())]
+    waits = [asyncio.ensure_future(event.wait()) for event in (printer.done, stop, closed)]
     try:
         await asyncio.wait(
             waits, timeout=options.timeout_s or None, return_when=asyncio.FIRST_COMPLETED
@@ -261,6 +290,9 @@ async def _wait(options: TapOptions, printer: _Printer) -> int:
             task.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+    if closed.is_set() and not printer.done.is_set():
+        print("jetserve tap: lost the NATS connection", file=sys.stderr)
+        return 1
     if options.count and printer.printed < options.count and not stop.is_set():
         return 1
     return 0

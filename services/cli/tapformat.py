@@ -235,6 +235,26 @@ def overlaps(a: str, b: str) -> bool:
     return True
 
 
+def covering(patterns: list[str]) -> str:
+    """The narrowest ``<literal tokens>.>`` (or ``>``) that matches every pattern.
+
+    Tap reads several subjects through this one subscription (and filters with ``matches``), so
+    its lines keep the server's delivery order; one subscription per subject would not.
+    """
+    if len(set(patterns)) == 1:
+        return patterns[0]
+    split = [p.split(".") for p in patterns]
+    prefix: list[str] = []
+    for tokens in zip(*split, strict=False):
+        if len(set(tokens)) != 1 or tokens[0] in {"*", ">"}:
+            break
+        prefix.append(tokens[0])
+    # ``a.>`` does not match ``a`` itself: keep at least one token after the prefix.
+    while prefix and any(len(tokens) <= len(prefix) for tokens in split):
+        prefix.pop()
+    return ".".join([*prefix, ">"])
+
+
 def stream_filters(pattern: str, stream_subjects: list[str]) -> list[str]:
     """Consumer filter subjects for ``pattern`` on a stream holding ``stream_subjects``.
 

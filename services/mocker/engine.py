@@ -164,13 +164,15 @@ class Engine:
         """Schedule within the budget, compute each scheduled chunk, emit completed requests."""
         emissions: list[Emission] = []
         prefill_tokens = decode_seqs = 0
+        bs = self.config.block_size
         for seq, n in self._schedule():
-            if seq.output and seq.num_computed + 1 == seq.num_tokens:
+            if n == 1 and seq.output and seq.num_computed + 1 == seq.num_tokens:
                 decode_seqs += 1
             else:
                 prefill_tokens += n  # a prompt chunk, or a recompute after preemption
             seq.num_computed += n
-            self._commit_full_blocks(seq)
+            if seq.num_computed // bs > len(seq.table.hashes):
+                self._commit_full_blocks(seq)
             if seq.num_computed == seq.num_tokens:
                 emissions.append(self._emit(seq))
         duration_s = 0.0
@@ -209,11 +211,18 @@ class Engine:
         scheduled: list[tuple[EngineRequest, int]] = []
         has_preempted = False
         i = 0
+        bs = self.config.block_size
         while i < len(self._running) and budget > 0:
             seq = self._running[i]
             n = min(seq.num_tokens - seq.num_computed, budget)
+            table = seq.table
+            if seq.num_computed + n <= (len(table.hashes) + table.reserved) * bs:
+                scheduled.append((seq, n))  # fast path: the blocks it holds have room
+                budget -= n
+                i += 1
+                continue
             need = self._blocks_for(seq.num_computed + n)
-            while not self.cache.allocate(seq.table, (), need):
+            while not self.cache.allocate(table, (), need):
                 has_preempted = True
                 victim = self._running.pop()
                 self._preempt(victim)
@@ -255,7 +264,7 @@ class Engine:
     def _commit_full_blocks(self, seq: EngineRequest) -> None:
         """Make the blocks the step filled cacheable (prompt and generated blocks alike)."""
         if not self.cache.enable_prefix_caching:
-            return
+            return  # blocks stay reserved; nothing is shared or published
         table, bs = seq.table, seq.block_size
         full = seq.num_computed // bs
         if len(table.hashes) >= full:
@@ -269,7 +278,7 @@ class Engine:
     def _emit(self, seq: EngineRequest) -> Emission:
         index = len(seq.output)
         token, stop_id = seq.next_token(self._corpus)
-        seq.output.append(token)
+        seq.append(token)
         finish: FinishReason | None = None
         if stop_id is not None:
             finish = "stop"

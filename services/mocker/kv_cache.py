@@ -166,6 +166,8 @@ class KvCache:
 
     def take_events(self) -> list[AnyKvEvent]:
         """The KV events recorded since the last call, in order (consecutive stores merged)."""
+        if not self._events:
+            return []
         out: list[AnyKvEvent] = []
         for e in self._events:
             if isinstance(e, _Stored):

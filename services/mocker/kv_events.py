@@ -55,10 +55,8 @@ class KvEventLog:
             self._sealed.append(batch)
         return self.last_event_id
 
-    def front(self, now: float) -> KvEventBatch | None:
-        """The oldest batch not yet sent (sealing pending events when none is waiting)."""
-        if not self._sealed:
-            self.seal(now)
+    def oldest(self) -> KvEventBatch | None:
+        """The oldest sealed batch not yet sent (pending events stay pending)."""
         return self._sealed[0] if self._sealed else None
 
     def pop(self) -> None:

@@ -54,13 +54,18 @@ class EngineRequest:
     block_hashes: list[int] = field(default_factory=list)
     """Sequence hashes of the full blocks of ``prompt + output`` hashed so far."""
 
+    num_tokens: int = 0
+    """``len(prompt) + len(output)``, kept up to date by ``append`` (read on every step)."""
+
     def __post_init__(self) -> None:
         locals_ = local_block_hashes(self.prompt, self.block_size, self.hash_seed)
         self.block_hashes = sequence_hashes(locals_)
+        self.num_tokens = len(self.prompt) + len(self.output)
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt) + len(self.output)
+    def append(self, token: int) -> None:
+        """Add a sampled token to the sequence."""
+        self.output.append(token)
+        self.num_tokens += 1
 
     @property
     def is_prefilling(self) -> bool:

@@ -28,7 +28,12 @@ SERVICES = {
 COMMON = ("NATS_URL", "JETSERVE_NAMESPACE", "LOG_LEVEL", "LOG_FORMAT", "JETSERVE_WORKER_TTL_S")
 """Set once for every service (``x-common-env`` in the compose file)."""
 PER_INSTANCE = frozenset(
-    {"JETSERVE_GATEWAY_ID", "JETSERVE_FORMATTER_ID", "JETSERVE_ROUTER_ID", "JETSERVE_MOCKER_WORKER_ID"}
+    {
+        "JETSERVE_GATEWAY_ID",
+        "JETSERVE_FORMATTER_ID",
+        "JETSERVE_ROUTER_ID",
+        "JETSERVE_MOCKER_WORKER_ID",
+    }
 )
 """Instance ids: each replica must pick its own, so compose never sets them."""
 FIXED_IN_CONTAINER = frozenset(

@@ -8,6 +8,7 @@ that ``down -v`` left no container, network or volume of that project behind.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 import urllib.request
@@ -16,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import openai
 import pytest
@@ -27,6 +29,7 @@ pytestmark = [pytest.mark.compose, pytest.mark.timeout(900)]
 
 MODEL = "Qwen/Qwen3-0.6B"
 READY_TIMEOUT_S = 120.0
+GRACE_S = 1.0
 
 
 @dataclass
@@ -38,6 +41,7 @@ class ComposeStack:
     env: dict[str, str]
     http_port: int
     timings: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def run(self, *args: str, timeout_s: float = 300) -> str:
         cmd = [*self.compose, "-p", self.project, "-f", str(ROOT / "docker-compose.yml"), *args]
@@ -174,7 +178,14 @@ def stack(pytestconfig: pytest.Config) -> Iterator[ComposeStack]:
         up_s = time.monotonic() - t1
         stack.wait_healthy()
         healthy_s = time.monotonic() - t1
-        stack.timings.update(images_s=images_s, up_ready_s=up_s, up_healthy_s=healthy_s)
+        cold_failures = _warm_up(stack)
+        stack.timings.update(
+            images_s=images_s,
+            up_ready_s=up_s,
+            up_healthy_s=healthy_s,
+            first_ok_request_s=time.monotonic() - t1,
+        )
+        stack.notes.append(f"{cold_failures} request(s) failed before the first success")
         yield stack
     finally:
         if stack.http_port:
@@ -185,6 +196,24 @@ def stack(pytestconfig: pytest.Config) -> Iterator[ComposeStack]:
             print()
             for key, value in stack.timings.items():
                 print(f"[compose timing] {key} = {value:.1f}s")
+            for note in stack.notes:
+                print(f"[compose] {note}")
+
+
+def _warm_up(stack: ComposeStack, timeout_s: float = 60) -> int:
+    """Send requests until one succeeds; return how many failed first.
+
+    The first request loads the model's tokenizer in the preprocessor and the formatter; on a
+    busy machine that can outlast the preprocessor's 2 s formatter timeout (a 504).
+    """
+    client = stack.client()
+    deadline = time.monotonic() + timeout_s
+    failures = 0
+    while time.monotonic() < deadline:
+        if not chat(client, time.monotonic(), max_tokens=2).error:
+            return failures
+        failures += 1
+    raise TimeoutError(f"no request succeeded within {timeout_s:.0f}s of the stack being healthy")
 
 
 def _dump_logs_on_failure(stack: ComposeStack) -> None:
@@ -226,10 +255,43 @@ def test_scaled_routers_and_mockers_all_take_requests(stack: ComposeStack) -> No
                 break
     routers = served_by(stack, "router", ids)
     formatters = served_by(stack, "formatter", ids)
-    print(f"[compose] {len(outcomes)} requests; mockers {dict(mockers)}; routers "
+    stack.notes.append(f"{len(outcomes)} requests after scaling; mockers {dict(mockers)}; routers "
           f"{dict(routers)}; formatters {dict(formatters)}")  # fmt: skip
     assert [o.error for o in outcomes if o.error] == []
     assert sorted(c > 0 for c in [*mockers.values(), *routers.values()]) == [True] * 6
+
+
+def crash(container: str) -> str:
+    """SIGKILL the container's main process from the host, as a crash would; else ``docker kill``.
+
+    A crash is what the restart policy is for (``docker kill`` counts as a manual stop, which
+    ``unless-stopped`` respects). The process is visible only where the engine shares our pid
+    namespace (a local dockerd run as root).
+    """
+    pid = subprocess.run(
+        ["docker", "inspect", "-f", "{{.State.Pid}}", container],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if os.geteuid() == 0 and cmdline.is_file() and b"services.mocker" in cmdline.read_bytes():
+        os.kill(int(pid), signal.SIGKILL)
+        return "crashed"
+    subprocess.run(["docker", "kill", container], check=True, capture_output=True, timeout=30)
+    return "docker kill"
+
+
+def wait_restarted(container: str, timeout_s: float = 60) -> str:
+    """The container's state once the restart policy has brought it back (or the last seen)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = subprocess.run(
+            ["docker", "inspect", "-f", "{{.State.Status}} restarts={{.RestartCount}}", container],
+            capture_output=True, text=True, check=False,
+        ).stdout.strip()  # fmt: skip
+        restarted = state.startswith("running") and not state.endswith("restarts=0")
+        if restarted or time.monotonic() >= deadline:
+            return state
+        time.sleep(0.5)
 
 
 def test_killing_a_mocker_mid_run_keeps_requests_succeeding(stack: ComposeStack) -> None:
@@ -246,22 +308,30 @@ def test_killing_a_mocker_mid_run_keeps_requests_succeeding(stack: ComposeStack)
     with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(loop) for _ in range(6)]
         time.sleep(kill_at_s)
-        subprocess.run(["docker", "kill", victim], check=True, capture_output=True, timeout=30)
+        how = crash(victim)
         killed_s = time.monotonic() - t0
         for f in futures:
             f.result()
-    in_flight = [o for o in outcomes if o.started_s <= killed_s < o.ended_s]
-    after = [o for o in outcomes if o.started_s > killed_s]
+    restarted = wait_restarted(victim, timeout_s=60 if how == "crashed" else 0)
+    # Until NATS sees the dead connection close (milliseconds), a request routed to it is lost
+    # like one that was running there; a grace of 1 s covers that.
+    in_flight = [o for o in outcomes if o.started_s <= killed_s + GRACE_S and o.ended_s > killed_s]
+    after = [o for o in outcomes if o.started_s > killed_s + GRACE_S]
     failed = [o for o in outcomes if o.error]
-    print(f"[compose] killed mocker {victim[:12]} at {killed_s:.1f}s: {len(outcomes)} requests, "
-          f"{len(in_flight)} in flight, {len(after)} started after, {len(failed)} failed: "
-          f"{sorted({o.error[:80] for o in failed})}")  # fmt: skip
+    errors = sorted({f"{o.started_s:.2f}s {o.error[:60]}" for o in failed})
+    stack.notes.append(
+        f"mocker {victim[:12]} {how} at {killed_s:.2f}s: {len(outcomes)} requests, "
+        f"{len(in_flight)} in flight, {len(after)} started after, {len(failed)} failed "
+        f"{errors}; then the container was: {restarted}"
+    )
     # Requests started after the kill must all succeed: routers skip the dead worker (no
     # responders -> retry on another) until its card expires. A request that was streaming on
     # it when it died may fail (there is no mid-stream migration yet).
-    assert [o.error for o in after if o.error] == []
-    assert all(o in in_flight for o in failed)
+    assert [o for o in after if o.error] == []
+    assert [o for o in failed if o not in in_flight] == []
     assert len(after) >= 10
+    if how == "crashed":
+        assert restarted.startswith("running")
 
 
 def test_down_leaves_no_state(stack: ComposeStack) -> None:
@@ -272,7 +342,8 @@ def test_down_leaves_no_state(stack: ComposeStack) -> None:
     label = f"label=com.docker.compose.project={stack.project}"
     left = {
         kind: subprocess.run(
-            ["docker", kind, "ls", "-q", "--filter", label] + (["-a"] if kind == "container" else []),
+            ["docker", kind, "ls", "-q", "--filter", label]
+            + (["-a"] if kind == "container" else []),
             capture_output=True,
             text=True,
             check=True,

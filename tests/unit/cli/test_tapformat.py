@@ -209,6 +209,21 @@ class TestSubjects:
     def test_overlaps(self, a: str, b: str, expected: bool) -> None:
         assert tapformat.overlaps(a, b) is expected
 
+    @pytest.mark.parametrize(
+        ("patterns", "expected"),
+        [
+            (["ns.v1.>"], "ns.v1.>"),
+            (["ns.v1.kv.>", "ns.v1.decisions"], "ns.v1.>"),
+            (["ns.v1.>", "_INBOX.>"], ">"),
+            (["a", "a.b"], ">"),
+            (["a.b", "a.b.c"], "a.>"),
+            (["ns.*.kv", "ns.v1.kv"], "ns.>"),
+        ],
+    )
+    def test_covering_matches_every_pattern(self, patterns: list[str], expected: str) -> None:
+        assert tapformat.covering(patterns) == expected
+        assert all(tapformat.is_subset(p, expected) for p in patterns)
+
     def test_stream_filter_is_the_pattern_when_the_stream_holds_it(self) -> None:
         assert tapformat.stream_filters("ns.v1.kv.w1", ["ns.v1.kv.*"]) == ["ns.v1.kv.w1"]
 

@@ -8,7 +8,8 @@ from shared.messages import AllBlocksCleared, BlockRemoved, BlockStored
 
 def _drain(log: KvEventLog) -> list[int]:
     ids = []
-    while (batch := log.front(0.0)) is not None:
+    log.seal(0.0)
+    while (batch := log.oldest()) is not None:
         ids.append(batch.event_id)
         log.pop()
     return ids
@@ -33,7 +34,8 @@ class TestKvEventLog:
             BlockRemoved(block_hashes=(1,)),
         ]
         log.add(events)
-        batch = log.front(12.5)
+        log.seal(12.5)
+        batch = log.oldest()
         assert batch is not None
         assert (batch.worker_id, batch.event_id, batch.events, batch.ts) == (
             "w",
@@ -42,14 +44,17 @@ class TestKvEventLog:
             12.5,
         )
 
-    def test_front_repeats_until_pop_so_a_failed_send_is_retried(self) -> None:
+    def test_oldest_repeats_until_pop_so_a_failed_send_is_retried(self) -> None:
         log = KvEventLog("w")
         log.add([AllBlocksCleared()])
-        first = log.front(0.0)
+        log.seal(0.0)
+        first = log.oldest()
         log.add([BlockRemoved(block_hashes=(1,))])
-        assert log.front(0.0) is first
+        assert log.oldest() is first  # new events stay pending until the next seal
         log.pop()
-        second = log.front(0.0)
+        assert log.oldest() is None
+        log.seal(0.0)
+        second = log.oldest()
         assert second is not None
         assert second.event_id == 2
 
