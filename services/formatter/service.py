@@ -40,6 +40,7 @@ from shared.messages import (
 from shared.metrics import ServiceMetrics, serve_metrics
 from shared.registry import ModelFiles
 from shared.subjects import Subjects, request_id_of
+from shared.warmup import ModelWarmer
 
 log = structlog.get_logger(__name__)
 
@@ -70,6 +71,7 @@ class FormatterService:
         self._subs: list[Subscription] = []
         self._open_sub: Subscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._warmer: ModelWarmer | None = None
         self._closing = False
         self._drained = asyncio.Event()
         """Set, while closing, once the last in-flight request is gone."""
@@ -90,11 +92,15 @@ class FormatterService:
         )
         await barrier(nc)
         self._spawn(self._sweep_idle(), name="formatter-idle-sweeper")
+        self._warmer = ModelWarmer(nc.jetstream(), subjects, self._tokenizers.get)
+        await self._warmer.start()
         log.info("formatter_started", formatter_id=self._config.formatter_id)
 
     async def stop(self) -> None:
         """Stop taking streams, let in-flight ones finish (bounded), fail the rest."""
         self._closing = True
+        if self._warmer is not None:
+            await self._warmer.stop()
         if self._open_sub is not None:
             await self._open_sub.unsubscribe()
         if self._states:

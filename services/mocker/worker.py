@@ -33,7 +33,8 @@ from shared.errors import (
     ShuttingDown,
 )
 from shared.hashing import salted_seed
-from shared.messages import Cancel, Generate, WorkerCard
+from shared.messages import Cancel, Generate, TokenBatch, WorkerCard
+from shared.recent import RecentIds
 from shared.registry import WorkerRegistration
 from shared.subjects import Subjects
 
@@ -89,6 +90,8 @@ class MockWorker:
             kv_stream_limits=(config.kv_stream_max_age_s, config.kv_stream_max_bytes),
         )
         self._outbox = Outbox(worker_id)
+        self._early_cancels = RecentIds(ttl_s=60.0)
+        """Cancels for requests not (yet) here: a Generate that arrives after its cancel."""
         card = WorkerCard(
             worker_id=worker_id,
             model=config.model_name,
@@ -161,6 +164,9 @@ class MockWorker:
             bound_contextvars(request_id=gen.request_id, worker_id=self.worker_id),
             self._metrics.service.handling("generate"),
         ):
+            if self._early_cancels.pop(gen.request_id, time.monotonic()):
+                await self._drop_cancelled(gen)
+                return
             try:
                 self._admit(gen)
                 return
@@ -173,6 +179,19 @@ class MockWorker:
             self._metrics.service.error(failed.code)
             await self._nc.publish(gen.stream_to, codec.encode(failed.to_message(gen.request_id)))
             await self.publisher.phase(gen.request_id, "finished")  # routers free its slot
+
+    async def _drop_cancelled(self, gen: Generate) -> None:
+        """The client gave up before this request reached us: end it without generating."""
+        log.info("request_cancelled", worker_id=self.worker_id, reason="cancelled_before_arrival")
+        ended = TokenBatch(
+            request_id=gen.request_id,
+            token_ids=(),
+            finish_reason="cancelled",
+            prompt_tokens=len(gen.token_ids),
+            worker_id=self.worker_id,
+        )
+        await self._nc.publish(gen.stream_to, codec.encode(ended))
+        await self.publisher.phase(gen.request_id, "finished")  # routers free its slot
 
     def _admit(self, gen: Generate) -> None:
         if not self._accepting:
@@ -210,7 +229,9 @@ class MockWorker:
             return
         emission = self.engine.cancel(cancel.request_id)
         if emission is None:
-            return  # not ours (cancel is a broadcast) or already finished
+            # Not ours (cancel is a broadcast), finished, or still on its way to us.
+            self._early_cancels.add(cancel.request_id, time.monotonic())
+            return
         self._outbox.add(emission)
         log.info(
             "request_cancelled",

@@ -43,6 +43,7 @@ from shared.messages import Preprocess, RequestFailed, StreamOpen, StreamOpened
 from shared.metrics import ServiceMetrics, serve_metrics
 from shared.registry import ModelFiles
 from shared.subjects import Subjects, request_id_of
+from shared.warmup import ModelWarmer
 
 log = structlog.get_logger(__name__)
 
@@ -77,6 +78,7 @@ class Preprocessor:
         self._sub: Subscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._bounces: Bounces[str] = Bounces(nc, subjects, self._on_no_router)
+        self._warmer = ModelWarmer(nc.jetstream(), subjects, assets.get)
         self.metrics.track_in_flight(lambda: len(self._tasks))
 
     async def start(self) -> None:
@@ -86,9 +88,11 @@ class Preprocessor:
             self._subjects.preprocess, queue=QUEUE, cb=self._on_message
         )
         await barrier(self._nc)
+        await self._warmer.start()
 
     async def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Stop taking requests, then let in-flight ones finish (cancelled after ``grace_s``)."""
+        await self._warmer.stop()
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None

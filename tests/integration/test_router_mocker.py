@@ -298,3 +298,18 @@ async def test_many_concurrent_requests_all_finish(
             for s in streams:
                 await s.__aexit__()
     assert all(len(_ids(r)) == 32 and r[-1].finish_reason == "length" for r in results)
+
+
+async def test_generate_arriving_after_its_cancel_is_not_generated(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    async with (
+        running_mocker(nats_url, subjects, model_info, worker_id="w"),
+        running_router(nats_url, subjects),
+        Stream(nc, subjects) as stream,
+    ):
+        await nc.publish(subjects.cancel, codec.encode(Cancel(request_id=stream.request_id)))
+        await nc.flush()
+        await _generate(nc, subjects, stream, max_tokens=3000, ignore_eos=True)
+        batches = await stream.until_finished()
+    assert (batches[-1].finish_reason, _ids(batches)) == ("cancelled", [])
