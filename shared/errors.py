@@ -25,13 +25,28 @@ class ServiceError(Exception):
         self.param = param
         self.retry_after_s = retry_after_s
 
+    @property
+    def status(self) -> int:
+        """The HTTP status (a remote error keeps the one its service chose)."""
+        return self.http_status
+
+    @property
+    def wire_code(self) -> str:
+        """The stable code clients see."""
+        return self.code
+
+    @property
+    def wire_type(self) -> str:
+        """The OpenAI error ``type``."""
+        return self.error_type
+
     def to_message(self, request_id: str) -> RequestFailed:
         """The bus form of this error, for the request's reply subject."""
         return RequestFailed(
             request_id=request_id,
-            code=self.code,
+            code=self.wire_code,
             message=self.message,
-            status=self.http_status,
+            status=self.status,
             retry_after_s=self.retry_after_s,
             param=self.param,
         )
@@ -42,8 +57,8 @@ class ServiceError(Exception):
             {
                 "error": {
                     "message": self.message,
-                    "type": self.error_type,
-                    "code": self.code,
+                    "type": self.wire_type,
+                    "code": self.wire_code,
                     "param": self.param,
                 }
             }
@@ -179,27 +194,13 @@ class RemoteError(ServiceError):
     def status(self) -> int:
         return self._status
 
-    def to_message(self, request_id: str) -> RequestFailed:
-        return RequestFailed(
-            request_id=request_id,
-            code=self._code,
-            message=self.message,
-            status=self._status,
-            retry_after_s=self.retry_after_s,
-            param=self.param,
-        )
+    @property
+    def wire_code(self) -> str:
+        return self._code
 
-    def body(self) -> bytes:
-        return msgspec.json.encode(
-            {
-                "error": {
-                    "message": self.message,
-                    "type": self._type,
-                    "code": self._code,
-                    "param": self.param,
-                }
-            }
-        )
+    @property
+    def wire_type(self) -> str:
+        return self._type
 
 
 def _type_for_status(status: int) -> str:
@@ -213,7 +214,7 @@ def _type_for_status(status: int) -> str:
 
 def http_status_of(exc: ServiceError) -> int:
     """The HTTP status for any ServiceError, remote ones included."""
-    return exc.status if isinstance(exc, RemoteError) else exc.http_status
+    return exc.status
 
 
 def from_message(failed: RequestFailed) -> RemoteError:
