@@ -1,5 +1,5 @@
 # JetServe: one image holding every service; each container picks one with its command,
-# e.g. `python -m services.router` (see docker-compose.yml and docs/decisions/007-images.md).
+# e.g. `python -m services.router` (see docker-compose.yml and docs/decisions/011-images.md).
 #
 # BASE_IMAGE is the official python:3.11-slim. Machines that cannot pull images build a local
 # stand-in under the same name (`make images-local`), so this file is the same in both cases.

@@ -107,6 +107,9 @@ class StreamOpened(Message, frozen=True):
     """Formatter -> preprocessor: send the token batches of this request here."""
 
     stream_to: str
+    formatter_id: str = ""
+    """The answering instance; it also takes ``StreamOpen`` on ``formatter_open_direct(id)``
+    without replying (empty from formatters that predate decision 013)."""
 
 
 class Generate(Message, frozen=True):

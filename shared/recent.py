@@ -30,5 +30,9 @@ class RecentIds:
                 break
             del self._seen[key]
 
+    def __contains__(self, key: object) -> bool:
+        """True if ``key`` was added (and not yet pruned; pruning happens on ``add``/``pop``)."""
+        return key in self._seen
+
     def __len__(self) -> int:
         return len(self._seen)

@@ -45,6 +45,10 @@ class Subjects:
         """Preprocessor -> formatters, request/reply ``StreamOpen`` (queue group ``formatter``)."""
         return f"{self._p}.formatter.open"
 
+    def formatter_open_direct(self, formatter_id: str) -> str:
+        """Preprocessor -> one formatter, fire-and-forget ``StreamOpen`` (decision 013)."""
+        return f"{self._p}.formatter.{formatter_id}.open"
+
     def stream(self, formatter_id: str, request_id: str) -> str:
         """Worker -> one formatter: token batches for one request."""
         return f"{self._p}.stream.{formatter_id}.{request_id}"

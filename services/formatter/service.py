@@ -2,6 +2,11 @@
 
 Per-token hot path (``on_stream``): decode, look up the request, format, publish. Everything
 that decides something lives in ``request.py`` / ``detokenizer.py`` / ``chunks.py``.
+
+``StreamOpen`` comes either as a queue-group request (answered with ``StreamOpened``) or on this
+instance's direct subject, unanswered (decision 013). After a direct open the token batches may
+arrive first: events for an unknown request are held briefly (``early.py``) and replayed, in
+order, when its open arrives.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.formatter.config import FormatterConfig
+from services.formatter.early import EarlyEvents
 from services.formatter.request import RequestFormatter
 from services.formatter.tokenizer_cache import TokenizerCache
 from shared import codec
@@ -38,6 +44,7 @@ from shared.messages import (
     WorkerEvent,
 )
 from shared.metrics import ServiceMetrics, serve_metrics
+from shared.recent import RecentIds
 from shared.registry import ModelFiles
 from shared.subjects import Subjects, request_id_of
 from shared.warmup import ModelWarmer
@@ -45,6 +52,9 @@ from shared.warmup import ModelWarmer
 log = structlog.get_logger(__name__)
 
 QUEUE_GROUP = "formatter"
+DONE_TTL_S = 10.0
+"""Finished or cancelled request ids are remembered this long: their late batches are dropped
+at once instead of being held, and a ``StreamOpen`` that comes after its ``Cancel`` is ignored."""
 
 
 class FormatterService:
@@ -70,6 +80,12 @@ class FormatterService:
         self._states: dict[str, RequestFormatter] = {}
         self._subs: list[Subscription] = []
         self._open_sub: Subscription | None = None
+        self._direct_sub: Subscription | None = None
+        self._early = EarlyEvents()
+        """Events that came before their request's direct ``StreamOpen``."""
+        self._opening: set[str] = set()
+        """Direct opens waiting for a tokenizer: their early events do not age out."""
+        self._done = RecentIds(ttl_s=DONE_TTL_S)
         self._tasks: set[asyncio.Task[None]] = set()
         self._warmer: ModelWarmer | None = None
         self._closing = False
@@ -90,6 +106,9 @@ class FormatterService:
         self._open_sub = await nc.subscribe(
             subjects.formatter_open, queue=QUEUE_GROUP, cb=self.on_open
         )
+        self._direct_sub = await nc.subscribe(
+            subjects.formatter_open_direct(self._config.formatter_id), cb=self.on_open_direct
+        )
         await barrier(nc)
         self._spawn(self._sweep_idle(), name="formatter-idle-sweeper")
         self._warmer = ModelWarmer(nc.jetstream(), subjects, self._tokenizers.get)
@@ -101,8 +120,9 @@ class FormatterService:
         self._closing = True
         if self._warmer is not None:
             await self._warmer.stop()
-        if self._open_sub is not None:
-            await self._open_sub.unsubscribe()
+        for open_sub in (self._open_sub, self._direct_sub):
+            if open_sub is not None:
+                await open_sub.unsubscribe()
         if self._states:
             log.info("formatter_draining", in_flight=len(self._states))
             with contextlib.suppress(TimeoutError):
@@ -121,9 +141,14 @@ class FormatterService:
     async def on_open(self, msg: Msg) -> None:
         """StreamOpen (request/reply): create the request's state, answer where to stream."""
         with self.metrics.handling("stream_open"):
-            await self._on_open(msg)
+            await self._on_open(msg, direct=False)
 
-    async def _on_open(self, msg: Msg) -> None:
+    async def on_open_direct(self, msg: Msg) -> None:
+        """StreamOpen on this instance's subject: no answer; its batches may already be here."""
+        with self.metrics.handling("stream_open"):
+            await self._on_open(msg, direct=True)
+
+    async def _on_open(self, msg: Msg, *, direct: bool) -> None:
         try:
             request = codec.decode(msg.data, StreamOpen)
         except codec.DecodeError as exc:
@@ -131,12 +156,15 @@ class FormatterService:
             return
         tokenizer = self._tokenizers.peek(request.model)
         if tokenizer is not None and not self._closing:
-            await self._open(msg, request, tokenizer)
+            await self._open(msg, request, tokenizer, direct=direct)
         else:
             # First request for a model: load without holding up other StreamOpens.
-            self._spawn(self._open_loading(msg, request), name=f"open-{request.request_id}")
+            if direct:
+                self._opening.add(request.request_id)
+            coro = self._open_loading(msg, request, direct=direct)
+            self._spawn(coro, name=f"open-{request.request_id}")
 
-    async def _open_loading(self, msg: Msg, request: StreamOpen) -> None:
+    async def _open_loading(self, msg: Msg, request: StreamOpen, *, direct: bool) -> None:
         try:
             if self._closing:
                 raise ShuttingDown("the formatter is shutting down")
@@ -144,17 +172,56 @@ class FormatterService:
         except ServiceError as exc:
             self.metrics.error(exc.code)
             log.warning("stream_open_failed", request_id=request.request_id, code=exc.code)
-            await msg.respond(codec.encode(exc.to_message(request.request_id)))
+            failed = codec.encode(exc.to_message(request.request_id))
+            if direct:  # Generate is already out: tell the gateway, stop the worker
+                self._opening.discard(request.request_id)
+                self._early.discard(request.request_id)
+                self._done.add(request.request_id, self._clock())
+                await self._nc.publish(request.reply_to, failed)
+                cancel = Cancel(request_id=request.request_id, reason=exc.code)
+                await self._nc.publish(self._subjects.cancel, codec.encode(cancel))
+            else:
+                await msg.respond(failed)
             return
-        await self._open(msg, request, tokenizer)
+        try:
+            await self._open(msg, request, tokenizer, direct=direct)
+        finally:
+            self._opening.discard(request.request_id)
 
-    async def _open(self, msg: Msg, request: StreamOpen, tokenizer: object) -> None:
-        self._states[request.request_id] = RequestFormatter(request, tokenizer, now=self._clock())
-        stream_to = self._subjects.stream(self._config.formatter_id, request.request_id)
-        await msg.respond(
-            codec.encode(StreamOpened(request_id=request.request_id, stream_to=stream_to))
-        )
-        log.debug("stream_opened", request_id=request.request_id, api=request.api)
+    async def _open(
+        self, msg: Msg, request: StreamOpen, tokenizer: object, *, direct: bool
+    ) -> None:
+        request_id = request.request_id
+        if not direct:
+            stream_to = self._subjects.stream(self._config.formatter_id, request_id)
+            opened = StreamOpened(
+                request_id=request_id, stream_to=stream_to, formatter_id=self._config.formatter_id
+            )
+            await msg.respond(codec.encode(opened))
+        if request_id in self._done:  # cancelled before its open came: the worker drops it too
+            self._early.discard(request_id)
+            log.debug("stream_open_dropped", request_id=request_id, reason="cancelled")
+            return
+        state = RequestFormatter(request, tokenizer, now=self._clock())
+        # Replay what came early. Until the state is registered, anything arriving meanwhile is
+        # held too and picked up by the next round, so the order is kept.
+        while held := self._early.take(request_id):
+            if not await self._replay(state, held):
+                self._early.discard(request_id)
+                self._done.add(request_id, self._clock())
+                return
+        self._states[request_id] = state
+        log.debug("stream_opened", request_id=request_id, api=request.api, direct=direct)
+
+    async def _replay(self, state: RequestFormatter, held: list[tuple[WorkerEvent, bytes]]) -> bool:
+        """Apply events held for ``state``'s request; False once it has ended."""
+        for event, raw in held:
+            if not isinstance(event, TokenBatch):
+                await self._forward_failure(state, event, raw)
+                return False
+            if not await self._on_batch(state, event):
+                return False
+        return True
 
     async def on_stream(self, msg: Msg) -> None:
         """A worker's TokenBatch or a hop's RequestFailed (or "no responders") for one request."""
@@ -164,16 +231,19 @@ class FormatterService:
     async def _on_stream(self, msg: Msg) -> None:
         try:
             if msg.headers and (subject := no_responders(msg)) is not None:
-                await self._fail(
-                    request_id_of(msg.subject),
-                    ServiceUnavailable(f"no service is listening on {subject}"),
-                )
+                request_id = request_id_of(msg.subject)
+                error = ServiceUnavailable(f"no service is listening on {subject}")
+                if request_id in self._states:
+                    await self._fail(request_id, error)
+                else:
+                    failed = error.to_message(request_id)
+                    self._hold(failed, codec.encode(failed))
                 return
             # WorkerEvent is a union, not a class: codec.decode's type[T] cannot name it.
             event: WorkerEvent = codec.decode(msg.data, WorkerEvent)  # type: ignore[arg-type]
             state = self._states.get(event.request_id)
             if state is None:
-                log.debug("event_dropped", request_id=event.request_id, reason="unknown_request")
+                self._hold(event, msg.data)
             elif isinstance(event, TokenBatch):
                 await self._on_batch(state, event)
             else:
@@ -181,7 +251,18 @@ class FormatterService:
         except Exception:  # boundary: one bad message must not kill the sub
             log.exception("stream_message_failed", subject=msg.subject)
 
-    async def _on_batch(self, state: RequestFormatter, batch: TokenBatch) -> None:
+    def _hold(self, event: WorkerEvent, raw: bytes) -> None:
+        """An event for a request not opened here (yet): keep it unless the request is over."""
+        request_id = event.request_id
+        if request_id in self._done:
+            log.debug("event_dropped", request_id=request_id, reason="finished")
+            return
+        evicted = self._early.hold(event, raw, self._clock())
+        if evicted is not None:
+            log.debug("early_events_dropped", request_id=evicted, reason="too_many")
+
+    async def _on_batch(self, state: RequestFormatter, batch: TokenBatch) -> bool:
+        """Format and send one batch; False once the request has ended."""
         if batch.index != state.next_index:
             log.warning(
                 "token_batch_gap",
@@ -192,8 +273,8 @@ class FormatterService:
         try:
             data = state.on_batch(batch, self._clock())
         except ServiceError as exc:
-            await self._fail(batch.request_id, exc)
-            return
+            await self._fail(batch.request_id, exc, state=state)
+            return False
         finished = state.finish_reason is not None
         if data:
             chunk = ResponseChunk(request_id=batch.request_id, data=data, done=finished)
@@ -204,6 +285,7 @@ class FormatterService:
                 cancel = Cancel(request_id=batch.request_id, reason="stop_string")
                 await self._nc.publish(self._subjects.cancel, codec.encode(cancel))
             self._log_finished(state)
+        return not finished
 
     async def _forward_failure(
         self, state: RequestFormatter, failed: RequestFailed, raw: bytes
@@ -223,19 +305,34 @@ class FormatterService:
                 return
             if self._drop(cancel.request_id) is not None:
                 log.info("request_cancelled", request_id=cancel.request_id, reason=cancel.reason)
+            else:  # maybe not opened yet: its open, if it comes, is ignored
+                self._done.add(cancel.request_id, self._clock())
+                self._early.discard(cancel.request_id)
 
     # --- helpers -----------------------------------------------------------------------------
 
     def _drop(self, request_id: str) -> RequestFormatter | None:
         """Forget a request (finished, failed or cancelled)."""
         state = self._states.pop(request_id, None)
+        if state is not None:
+            self._done.add(request_id, self._clock())
         if self._closing and not self._states:
             self._drained.set()
         return state
 
-    async def _fail(self, request_id: str, exc: ServiceError, *, cancel: bool = True) -> None:
-        """Send ``exc`` to the request's gateway and drop its state; ``cancel`` the worker too."""
-        state = self._drop(request_id)
+    async def _fail(
+        self,
+        request_id: str,
+        exc: ServiceError,
+        *,
+        cancel: bool = True,
+        state: RequestFormatter | None = None,
+    ) -> None:
+        """Send ``exc`` to the request's gateway and drop its state; ``cancel`` the worker too.
+
+        ``state`` names a request not registered yet (an early event replayed at its open).
+        """
+        state = self._drop(request_id) or state
         if state is None:
             log.debug("failure_dropped", request_id=request_id, code=exc.code)
             return
@@ -254,6 +351,8 @@ class FormatterService:
         while True:
             await asyncio.sleep(period_s)
             now = self._clock()
+            for request_id in self._early.expire(now, keep=self._opening):
+                log.debug("early_events_expired", request_id=request_id)
             idle = [rid for rid, s in self._states.items() if now - s.last_seen > timeout_s]
             for request_id in idle:
                 error = UpstreamTimeout(f"no tokens for {timeout_s:g} s", retry_after_s=1.0)

@@ -10,14 +10,16 @@ import structlog
 from litestar import Litestar, Request, Response
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
+from litestar.types import ASGIApp
 
 from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
-from services.gateway.context import RequestIdMiddleware, note_error
-from services.gateway.errors import MethodNotAllowed, error_code
+from services.gateway import responses
+from services.gateway.context import RequestIdMiddleware
+from services.gateway.fast_path import FastPath
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.routes import Readiness, build_routes
-from shared.errors import InternalError, InvalidRequest, NotFound, ServiceError, http_status_of
+from shared.errors import ServiceError
 
 log = structlog.get_logger(__name__)
 
@@ -30,8 +32,12 @@ def create_app(
     bus: GatewayBus,
     readiness: Readiness | None = None,
     metrics: GatewayMetrics | None = None,
-) -> Litestar:
-    """The gateway's ASGI app; ``bus`` is started and stopped by the app's lifespan."""
+) -> ASGIApp:
+    """The gateway's ASGI app; ``bus`` is started and stopped by the app's lifespan.
+
+    With ``config.fast_path`` the two inference endpoints are served by ``FastPath`` (raw
+    ASGI, same bytes) in front of the Litestar app, which serves everything else.
+    """
     readiness = readiness or Readiness()
     metrics = metrics or GatewayMetrics()
     metrics.base.track_in_flight(lambda: bus.in_flight)
@@ -51,7 +57,7 @@ def create_app(
             readiness.begin_shutdown()
             await bus.stop()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=build_routes(config, bus, readiness, metrics),
         middleware=[DefineMiddleware(RequestIdMiddleware, metrics=metrics)],
         exception_handlers={
@@ -64,37 +70,26 @@ def create_app(
         logging_config=None,
         debug=False,
     )
+    if not config.fast_path:
+        return app
+    return FastPath(app, config=config, bus=bus, readiness=readiness, metrics=metrics)
 
 
 def render_service_error(_: Request[Any, Any, Any], exc: ServiceError) -> Response[bytes]:
     """Any expected failure as its OpenAI error body, status and ``Retry-After``."""
-    status = http_status_of(exc)
-    code = error_code(exc)
-    note_error(code)
-    if status >= 500:
-        log.warning("request_failed", code=code, status=status, message=exc.message)
-    return Response(exc.body(), status_code=status, media_type=JSON, headers=exc.headers())
+    status, body, headers = responses.service_error(exc)
+    return Response(body, status_code=status, media_type=JSON, headers=headers)
 
 
 def render_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     """Litestar's own errors (unknown route, wrong method, bad input) in the OpenAI shape."""
-    status = exc.status_code
-    error: ServiceError
-    if status == 404:
-        error = NotFound(f"No route for {request.method} {request.url.path}.")
-    elif status == 405:
-        error = MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}.")
-    elif status < 500:
-        error = InvalidRequest(str(exc.detail))
-    else:
-        error = InternalError(str(exc.detail))
-    return Response(error.body(), status_code=status, media_type=JSON, headers=exc.headers)
+    status, body, _ = responses.http_error(
+        exc.status_code, str(exc.detail), request.method, request.url.path
+    )
+    return Response(body, status_code=status, media_type=JSON, headers=exc.headers)
 
 
 def render_unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     """A bug: one log line with the traceback, and a 500 that says nothing internal."""
-    log.exception("request_crashed", error_type=type(exc).__name__)
-    note_error("internal_error")
-    return Response(
-        InternalError("Internal server error.").body(), status_code=500, media_type=JSON
-    )
+    status, body, _ = responses.unexpected_error(exc)
+    return Response(body, status_code=status, media_type=JSON)

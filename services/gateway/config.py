@@ -31,6 +31,8 @@ class GatewayConfig(CommonConfig):
     worker_ttl_s: float = DEFAULT_WORKER_TTL_S
     gateway_id: str = field(default_factory=_new_gateway_id)
     """This instance's token in reply subjects (``<ns>.v1.gateway.<gateway_id>.<request_id>``)."""
+    fast_path: bool = True
+    """Serve the two inference endpoints with raw ASGI in front of Litestar (ADR 010)."""
 
     def __post_init__(self) -> None:
         CommonConfig.__post_init__(self)
@@ -80,6 +82,15 @@ class GatewayConfig(CommonConfig):
             "JETSERVE_GATEWAY_ID",
             "",
             "This instance's id in reply subjects (empty = random)",
+        )
+        parser.add_argument(
+            "--fast-path",
+            action=argparse.BooleanOptionalAction,
+            default=env("JETSERVE_GATEWAY_FAST_PATH", True),
+            help=env_help(
+                "Serve /v1/chat/completions and /v1/completions with raw ASGI (else Litestar)",
+                "JETSERVE_GATEWAY_FAST_PATH",
+            ),
         )
         args = vars(parser.parse_args(argv))
         if not args["gateway_id"]:

@@ -65,7 +65,7 @@ def build_routes(
 ) -> list[HTTPRouteHandler]:
     """The gateway's route handlers, bound to ``bus``, ``readiness`` and ``metrics``."""
     metrics = metrics or GatewayMetrics()
-    relay = _Relay(config, bus, readiness)
+    relay = Relay(config, bus, readiness)
 
     @post("/v1/chat/completions", status_code=200, include_in_schema=False)
     async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
@@ -130,8 +130,11 @@ def build_routes(
     return [chat_completions, completions, list_models, health, live, prometheus]
 
 
-class _Relay:
-    """Submit one validated request and turn its replies into an HTTP response."""
+class Relay:
+    """Submit one validated request and turn its replies into an HTTP response.
+
+    ``submit`` and ``collect`` are shared with the raw-ASGI fast path (``fast_path.py``).
+    """
 
     def __init__(self, config: GatewayConfig, bus: GatewayBus, readiness: Readiness) -> None:
         self._bus = bus
@@ -147,30 +150,45 @@ class _Relay:
         to_preprocess: Callable[..., Preprocess],
     ) -> Response[Any]:
         """Check the model, publish the request, answer with its first event (or its error)."""
-        if self._readiness.is_shutting_down:
-            raise ShuttingDown("The gateway is shutting down.")
-        await self._bus.check_model(model)
+        preprocess, reply = await self.submit(model, to_preprocess)
         ctx = current_request()
-        now = time.time()
-        preprocess = to_preprocess(
-            request_id=ctx.request_id,
-            reply_to=self._bus.reply_subject(ctx.request_id),
-            created=int(now),
-            deadline_ms=int((now + self._first_timeout_s) * 1000),
-        )
-        reply = await self._bus.submit(preprocess)
         async with _DisconnectWatch(request.receive, reply):
             first = await reply.next(self._first_timeout_s)
             ctx.mark_first_response()
             if not preprocess.output.stream:
-                body = first.data if first.done else await self._collect(reply, first)
+                body = first.data if first.done else await self.collect(reply, first)
                 reply.close()
                 return Response(body, media_type=JSON)
         return Stream(
             self._stream(reply, first), media_type="text/event-stream", headers=SSE_HEADERS
         )
 
-    async def _collect(self, reply: Reply, first: ResponseChunk) -> bytes:
+    @property
+    def first_timeout_s(self) -> float:
+        return self._first_timeout_s
+
+    @property
+    def idle_timeout_s(self) -> float:
+        return self._idle_timeout_s
+
+    async def submit(
+        self, model: str, to_preprocess: Callable[..., Preprocess]
+    ) -> tuple[Preprocess, Reply]:
+        """Refuse while shutting down, check the model, publish; the caller owns the reply."""
+        if self._readiness.is_shutting_down:
+            raise ShuttingDown("The gateway is shutting down.")
+        await self._bus.check_model(model)
+        request_id = current_request().request_id
+        now = time.time()
+        preprocess = to_preprocess(
+            request_id=request_id,
+            reply_to=self._bus.reply_subject(request_id),
+            created=int(now),
+            deadline_ms=int((now + self._first_timeout_s) * 1000),
+        )
+        return preprocess, await self._bus.submit(preprocess)
+
+    async def collect(self, reply: Reply, first: ResponseChunk) -> bytes:
         """A non-streamed body sent in several chunks (the formatter normally sends one)."""
         parts = [first.data]
         chunk = first
@@ -192,7 +210,7 @@ class _Relay:
                 chunk = await reply.next(self._idle_timeout_s)
         except ServiceError as exc:
             is_finished = True
-            _note_stream_failure(exc)
+            note_stream_failure(exc)
             yield sse.error_tail(exc)
         except Exception as exc:  # the response started: report in-band, log once
             is_finished = True
@@ -207,7 +225,8 @@ class _Relay:
                 reply.cancel("client_disconnected")
 
 
-def _note_stream_failure(exc: ServiceError) -> None:
+def note_stream_failure(exc: ServiceError) -> None:
+    """Record and log a failure that ended a stream after its headers went out."""
     code = error_code(exc)
     note_error(code)
     log.warning("stream_failed", code=code, message=exc.message)

@@ -20,6 +20,9 @@ class PreprocessorConfig(CommonConfig):
     """Context length to enforce for every model; 0 = each model card's ``context_length``."""
     max_cached_models: int = 8
     """How many models' tokenizers and templates stay loaded (least recently used go first)."""
+    direct_open: bool = True
+    """Send ``StreamOpen`` straight to a known formatter without waiting for its answer
+    (decision 013); off = always the queue-group request/reply handshake."""
 
     def __post_init__(self) -> None:
         CommonConfig.__post_init__(self)
@@ -55,6 +58,13 @@ class PreprocessorConfig(CommonConfig):
             type=int,
             default=env(var, 8),
             help=env_help("Models whose tokenizer stays loaded", var),
+        )
+        var = f"{_PREFIX}DIRECT_OPEN"
+        parser.add_argument(
+            "--direct-open",
+            action=argparse.BooleanOptionalAction,
+            default=env(var, True),
+            help=env_help("Open streams on a known formatter without a round trip", var),
         )
         args = parser.parse_args(argv)
         try:

@@ -1,7 +1,14 @@
-"""Preprocessor wiring: ``Preprocess`` in (queue group), ``StreamOpen`` handshake, ``Generate`` out.
+"""Preprocessor wiring: ``Preprocess`` in (queue group), ``StreamOpen`` to a formatter, ``Generate``
+out.
 
 The only module that touches NATS. Each message is handled in its own task, so a model's
 first (slow) tokenizer load never holds up requests for models already loaded.
+
+Opening a stream (decision 013): with a known live formatter (``FormatterPool``), ``StreamOpen``
+goes straight to its direct subject and ``Generate`` follows at once, no round trip; a dead
+formatter bounces the open ("no responders"), which cancels the request and answers 503. With
+none known, or when a rediscovery is due, the queue-group request/reply handshake is used and
+its ``StreamOpened`` teaches the pool.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from structlog.contextvars import bound_contextvars
 
 from services.preprocessor.assets import AssetCache
 from services.preprocessor.config import PreprocessorConfig
+from services.preprocessor.formatters import FormatterPool
 from services.preprocessor.prepare import (
     Prepared,
     generate,
@@ -39,7 +47,7 @@ from shared.errors import (
     from_message,
     http_status_of,
 )
-from shared.messages import Preprocess, RequestFailed, StreamOpen, StreamOpened
+from shared.messages import Cancel, Preprocess, RequestFailed, StreamOpen, StreamOpened
 from shared.metrics import ServiceMetrics, serve_metrics
 from shared.registry import ModelFiles
 from shared.subjects import Subjects, request_id_of
@@ -67,6 +75,7 @@ class Preprocessor:
         assets: AssetCache,
         *,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         metrics: ServiceMetrics | None = None,
     ) -> None:
         self._config = config
@@ -77,13 +86,18 @@ class Preprocessor:
         self._clock = clock
         self._sub: Subscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._monotonic = monotonic
         self._bounces: Bounces[str] = Bounces(nc, subjects, self._on_no_router)
+        self.formatters = FormatterPool()
+        """Formatters that take a direct ``StreamOpen`` (decision 013)."""
+        self._open_bounces: Bounces[tuple[str, str]] = Bounces(nc, subjects, self._on_no_formatter)
         self._warmer = ModelWarmer(nc.jetstream(), subjects, assets.get)
         self.metrics.track_in_flight(lambda: len(self._tasks))
 
     async def start(self) -> None:
         """Join the ``preprocessor`` queue group; returns once the server knows it."""
         await self._bounces.start()
+        await self._open_bounces.start()
         self._sub = await self._nc.subscribe(
             self._subjects.preprocess, queue=QUEUE, cb=self._on_message
         )
@@ -102,6 +116,7 @@ class Preprocessor:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         await self._bounces.stop()
+        await self._open_bounces.stop()
         await self._assets.close()
 
     async def _on_message(self, msg: Msg) -> None:
@@ -167,19 +182,54 @@ class Preprocessor:
         await self._reply(stream_to, failure.to_message(request_id))
 
     async def _open_stream(self, open_msg: StreamOpen) -> str:
-        """Ask a formatter to take this request; returns where workers should stream to."""
+        """Give this request to a formatter; returns where workers should stream to."""
+        formatter_id = self.formatters.pick(self._monotonic()) if self._config.direct_open else None
+        if formatter_id is None:
+            return await self._request_stream(open_msg)
+        request_id = open_msg.request_id
+        # Not awaited: a dead formatter bounces this to _on_no_formatter within a millisecond.
+        reply = self._open_bounces.reply_for(request_id, (formatter_id, open_msg.reply_to))
+        await self._nc.publish(
+            self._subjects.formatter_open_direct(formatter_id), codec.encode(open_msg), reply=reply
+        )
+        return self._subjects.stream(formatter_id, request_id)
+
+    async def _on_no_formatter(
+        self, request_id: str, context: tuple[str, str], _subject: str
+    ) -> None:
+        """A direct ``StreamOpen`` found nobody: forget that formatter, stop the request, 503."""
+        formatter_id, reply_to = context
+        self.formatters.drop(formatter_id)
+        log.warning("formatter_gone", request_id=request_id, formatter_id=formatter_id)
+        cancel = Cancel(request_id=request_id, reason="formatter_unavailable")
+        try:
+            await self._nc.publish(self._subjects.cancel, codec.encode(cancel))
+        except nats.errors.Error as exc:
+            log.warning("cancel_failed", request_id=request_id, error=str(exc))
+        failure = ServiceUnavailable("the formatter for this request is gone")
+        self.metrics.error(failure.code)
+        await self._reply(reply_to, failure.to_message(request_id))
+
+    async def _request_stream(self, open_msg: StreamOpen) -> str:
+        """Ask the formatter queue group to take this request (and learn who answered)."""
         timeout_s = self._config.formatter_timeout_s
         try:
             reply = await self._nc.request(
                 self._subjects.formatter_open, codec.encode(open_msg), timeout=timeout_s
             )
         except nats.errors.NoRespondersError as exc:
+            self.formatters.clear()
             raise ServiceUnavailable("no formatter is running") from exc
         except nats.errors.TimeoutError as exc:
             raise UpstreamTimeout(f"no formatter answered within {timeout_s} s") from exc
         answer: OpenReply = codec.decode(reply.data, OpenReply)  # type: ignore[arg-type]
         if isinstance(answer, RequestFailed):
             raise from_message(answer)
+        formatter_id = answer.formatter_id
+        if formatter_id and answer.stream_to == self._subjects.stream(
+            formatter_id, open_msg.request_id
+        ):
+            self.formatters.learn(formatter_id, self._monotonic())
         return answer.stream_to
 
     async def _reply(self, subject: str, failed: RequestFailed) -> None:

@@ -140,13 +140,13 @@ def served_by(stack: ComposeStack, service: str, request_ids: list[str]) -> Coun
 
 @pytest.fixture(scope="module")
 def stack(pytestconfig: pytest.Config) -> Iterator[ComposeStack]:
-    compose = compose_command()
-    if compose is None:
-        pytest.skip("neither `docker compose` nor `docker-compose` is installed")
     t0 = time.monotonic()
     if reason := docker_unavailable_reason():
         pytest.skip(reason)
     images_s = time.monotonic() - t0
+    compose = compose_command()
+    if compose is None:
+        pytest.skip("neither `docker compose` nor `docker-compose` is installed")
     project = f"jstest{uuid.uuid4().hex[:8]}"
     env = {
         **os.environ,
