@@ -12,9 +12,9 @@ from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
 from litestar.types import ASGIApp
 
+from services.gateway import responses
 from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
-from services.gateway import responses
 from services.gateway.context import RequestIdMiddleware
 from services.gateway.fast_path import FastPath
 from services.gateway.metrics import GatewayMetrics
@@ -91,5 +91,5 @@ def render_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -
 
 def render_unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     """A bug: one log line with the traceback, and a 500 that says nothing internal."""
-    status, body, _ = responses.unexpected_error(exc)
+    status, body, _headers = responses.unexpected_error(exc)
     return Response(body, status_code=status, media_type=JSON)

@@ -69,6 +69,10 @@ class Reply:
             raise item
         return item
 
+    def interrupt(self, error: ServiceError) -> None:
+        """Make the pending (or next) ``next()`` raise ``error`` after the replies already in."""
+        self._queue.put_nowait(error)
+
     def cancel(self, reason: str) -> None:
         """Stop listening and tell the pipeline to stop work (safe inside a cancelled task)."""
         self._bus.cancel_soon(self.request_id, reason)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -85,24 +86,38 @@ class RequestIdMiddleware:
         if scope["type"] != ScopeType.HTTP:
             await self.app(scope, receive, send)
             return
-        ctx = RequestContext(request_id_from(scope["headers"]))
-        extra_header = (_HEADER, ctx.request_id.encode())
+        with request_context(scope["headers"], scope["path"], self.metrics) as ctx:
+            extra_header = id_header(ctx)
 
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                ctx.status = message["status"]
-                message["headers"] = [*message.get("headers", ()), extra_header]
-            await send(message)
+            async def send_with_id(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    ctx.status = message["status"]
+                    message["headers"] = [*message.get("headers", ()), extra_header]
+                await send(message)
 
-        token = _current.set(ctx)
-        try:
-            with bound_contextvars(request_id=ctx.request_id):
-                try:
-                    await self.app(scope, receive, send_with_id)
-                finally:
-                    _finished(ctx, scope["path"], self.metrics)
-        finally:
-            _current.reset(token)
+            await self.app(scope, receive, send_with_id)
+
+
+def id_header(ctx: RequestContext) -> tuple[bytes, bytes]:
+    """The ``X-Request-Id`` response header of a request."""
+    return (_HEADER, ctx.request_id.encode())
+
+
+@contextmanager
+def request_context(
+    headers: Iterable[tuple[bytes, bytes]], path: str, metrics: GatewayMetrics | None
+) -> Iterator[RequestContext]:
+    """The request's context for everything it runs; its log line and metrics when it ends."""
+    ctx = RequestContext(request_id_from(headers))
+    token = _current.set(ctx)
+    try:
+        with bound_contextvars(request_id=ctx.request_id):
+            try:
+                yield ctx
+            finally:
+                _finished(ctx, path, metrics)
+    finally:
+        _current.reset(token)
 
 
 def _finished(ctx: RequestContext, path: str, metrics: GatewayMetrics | None) -> None:

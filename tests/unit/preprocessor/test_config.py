@@ -25,3 +25,13 @@ def test_flags_override(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_invalid_timeout_is_a_usage_error() -> None:
     with pytest.raises(SystemExit):
         PreprocessorConfig.from_cli(["--formatter-timeout-s", "0"])
+
+
+def test_direct_open_is_on_by_default_and_can_be_turned_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert PreprocessorConfig.from_cli([]).direct_open is True
+    assert PreprocessorConfig.from_cli(["--no-direct-open"]).direct_open is False
+    monkeypatch.setenv("JETSERVE_PREPROCESSOR_DIRECT_OPEN", "0")
+    assert PreprocessorConfig.from_cli([]).direct_open is False
+    assert PreprocessorConfig.from_cli(["--direct-open"]).direct_open is True
