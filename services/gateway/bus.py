@@ -1,6 +1,6 @@
 """GatewayBus: the gateway's NATS side — publish ``Preprocess``, demux replies per request.
 
-One wildcard subscription (``subjects.reply_all(gateway_id)``) feeds one ``asyncio.Queue`` per
+One wildcard subscription (``subjects.reply_all(gateway_id)``) feeds one ``Inbox`` per
 in-flight request. Every wait has a timeout; a timeout or a client disconnect publishes
 ``Cancel`` so the rest of the pipeline stops work.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable
 
 import structlog
@@ -42,36 +43,81 @@ ReplyItem = ResponseChunk | ServiceError
 NO_WORKER_RETRY_AFTER_S = 1.0
 
 
+class Inbox:
+    """One request's replies in arrival order, with at most one waiter.
+
+    ``asyncio.Queue`` plus ``asyncio.timeout`` per wait cost more than this needs: one
+    consumer, no size bound, a timeout on every wait. Here a wait is one future and one timer.
+    """
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[ReplyItem] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: ReplyItem) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def get_nowait(self) -> ReplyItem:
+        return self._items.popleft()
+
+    async def wait(self, timeout_s: float) -> bool:
+        """Wait until an item is in (True) or ``timeout_s`` has passed (False)."""
+        if self._items:
+            return True
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout_s, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+        return bool(self._items)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class Reply:
     """The replies of one request, in arrival order. Always ``close()`` it when done."""
 
-    __slots__ = ("_bus", "_queue", "request_id")
+    __slots__ = ("_bus", "_inbox", "request_id")
 
-    def __init__(self, bus: GatewayBus, request_id: str, queue: asyncio.Queue[ReplyItem]) -> None:
+    def __init__(self, bus: GatewayBus, request_id: str, inbox: Inbox) -> None:
         self._bus = bus
-        self._queue = queue
+        self._inbox = inbox
         self.request_id = request_id
 
     async def next(self, timeout_s: float) -> ResponseChunk:
         """The next chunk; raises the upstream's error, or ``UpstreamTimeout`` (and cancels)."""
-        queue = self._queue
-        if queue.empty():
-            try:
-                async with asyncio.timeout(timeout_s):
-                    item = await queue.get()
-            except TimeoutError:
-                self.cancel("timeout")
-                raise UpstreamTimeout(f"No response from upstream within {timeout_s:g}s.") from None
-        else:
-            item = queue.get_nowait()
+        inbox = self._inbox
+        if inbox.empty() and not await inbox.wait(timeout_s):
+            self.cancel("timeout")
+            raise UpstreamTimeout(f"No response from upstream within {timeout_s:g}s.")
+        item = inbox.get_nowait()
         if isinstance(item, ServiceError):
             self.close()
             raise item
         return item
 
+    @property
+    def ready(self) -> bool:
+        """Whether ``next()`` would return (or raise) without waiting."""
+        return not self._inbox.empty()
+
     def interrupt(self, error: ServiceError) -> None:
         """Make the pending (or next) ``next()`` raise ``error`` after the replies already in."""
-        self._queue.put_nowait(error)
+        self._inbox.put_nowait(error)
 
     def cancel(self, reason: str) -> None:
         """Stop listening and tell the pipeline to stop work (safe inside a cancelled task)."""
@@ -101,7 +147,7 @@ class GatewayBus:
         self._sub: Subscription | None = None
         self._directory: WorkerDirectory | None = None
         self._files: ModelFiles | None = None
-        self._pending: dict[str, asyncio.Queue[ReplyItem]] = {}
+        self._pending: dict[str, Inbox] = {}
         self._background: set[asyncio.Task[None]] = set()
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -183,8 +229,8 @@ class GatewayBus:
             raise DuplicateRequestId(
                 f"Request id `{request_id}` is already in flight.", param="X-Request-Id"
             )
-        queue: asyncio.Queue[ReplyItem] = asyncio.Queue()
-        self._pending[request_id] = queue
+        inbox = Inbox()
+        self._pending[request_id] = inbox
         try:
             await self._nc.publish(
                 self.subjects.preprocess, codec.encode(request), reply=request.reply_to
@@ -192,7 +238,7 @@ class GatewayBus:
         except NatsError as exc:
             self.forget(request_id)
             raise ServiceUnavailable("The message bus is unavailable.") from exc
-        return Reply(self, request_id, queue)
+        return Reply(self, request_id, inbox)
 
     def forget(self, request_id: str) -> None:
         self._pending.pop(request_id, None)

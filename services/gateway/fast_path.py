@@ -21,12 +21,12 @@ from functools import partial
 
 import structlog
 from litestar.enums import ScopeType
-from litestar.types import ASGIApp, HTTPResponseBodyEvent, Receive, Scope, Send
+from litestar.types import ASGIApp, Receive, Scope, Send
 
 from services.gateway import responses, sse
 from services.gateway.bus import GatewayBus, Reply
 from services.gateway.config import GatewayConfig
-from services.gateway.context import RequestContext, id_header, request_context
+from services.gateway.context import RequestContext, id_header, note_error, request_context
 from services.gateway.errors import ClientDisconnected
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.routes import Readiness, Relay, note_stream_failure
@@ -53,7 +53,6 @@ _SSE_START = (
     (b"x-accel-buffering", b"no"),
     (b"content-type", b"text/event-stream; charset=utf-8"),
 )
-_END: HTTPResponseBodyEvent = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
 class _HttpError(Exception):
@@ -68,7 +67,7 @@ class _HttpError(Exception):
 class FastPath:
     """ASGI app: the two inference endpoints served raw, everything else by ``app``."""
 
-    __slots__ = ("_app", "_bus", "_metrics", "_relay")
+    __slots__ = ("_app", "_metrics", "_relay")
 
     def __init__(
         self,
@@ -80,7 +79,6 @@ class FastPath:
         metrics: GatewayMetrics,
     ) -> None:
         self._app = app
-        self._bus = bus
         self._metrics = metrics
         self._relay = Relay(config, bus, readiness)
 
@@ -158,40 +156,47 @@ class FastPath:
             return
         await _start(ctx, send, 200, [*_SSE_START, id_header(ctx)])
         await self._stream(reply, first, send)
-        await send(_END)
 
     async def _stream(self, reply: Reply, first: ResponseChunk, send: Send) -> None:
-        """Relay SSE bytes until ``done``; a failure ends the stream with an error event."""
+        """Relay SSE bytes until ``done``; a failure ends the stream with an error event.
+
+        Chunks that are already queued go out in one body message (one socket write); the
+        bytes are the same, only their grouping into HTTP chunks differs. The last bytes go
+        with ``more_body=False``, so the stream's end costs no write of its own.
+        """
         idle_timeout_s = self._relay.idle_timeout_s
         is_finished = False
+        parts = [first.data]
+        chunk = first
         try:
-            chunk = first
-            while True:
-                await send({"type": "http.response.body", "body": chunk.data, "more_body": True})
-                if chunk.done:
-                    is_finished = True
-                    return
+            while not chunk.done:
+                if not reply.ready:  # nothing more queued: flush, then wait
+                    body = parts[0] if len(parts) == 1 else b"".join(parts)
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                    parts.clear()
                 chunk = await reply.next(idle_timeout_s)
+                parts.append(chunk.data)
+            is_finished = True
         except ClientDisconnected:
-            pass  # is_finished stays False: cancelled below
+            pass  # is_finished stays False: cancelled below, nothing more to send
         except ServiceError as exc:
             is_finished = True
             note_stream_failure(exc)
-            await _send_tail(send, sse.error_tail(exc))
-        except asyncio.CancelledError:
-            raise
+            parts.append(sse.error_tail(exc))
         except Exception as exc:  # the response started: report in-band, log once
             is_finished = True
             log.exception("stream_crashed")
             reply.cancel("internal_error")
-            tail = sse.error_tail(InternalError(f"Internal error: {type(exc).__name__}"))
-            await _send_tail(send, tail)
+            parts.append(sse.error_tail(InternalError(f"Internal error: {type(exc).__name__}")))
         finally:
             if is_finished:
                 reply.close()
             else:  # the client went away (or the task was cancelled)
-                responses.note_error(ClientDisconnected.code)
+                note_error(ClientDisconnected.code)
                 reply.cancel("client_disconnected")
+        if is_finished:
+            body = parts[0] if len(parts) == 1 else b"".join(parts)
+            await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 async def _watch(receive: Receive, reply: Reply) -> None:
@@ -246,7 +251,3 @@ async def _send_error(ctx: RequestContext, send: Send, parts: responses.ErrorPar
     headers += [_JSON, (b"content-length", b"%d" % len(body)), id_header(ctx)]
     await _start(ctx, send, status, headers)
     await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _send_tail(send: Send, tail: bytes) -> None:
-    await send({"type": "http.response.body", "body": tail, "more_body": True})

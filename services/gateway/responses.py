@@ -9,8 +9,6 @@ from __future__ import annotations
 import structlog
 
 from services.gateway.context import note_error
-
-__all__ = ["ErrorParts", "http_error", "note_error", "service_error", "unexpected_error"]
 from services.gateway.errors import MethodNotAllowed, error_code
 from shared.errors import InternalError, InvalidRequest, NotFound, ServiceError, http_status_of
 

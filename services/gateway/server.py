@@ -50,6 +50,8 @@ def build_server(config: GatewayConfig) -> uvicorn.Server:
         access_log=False,
         log_config=None,
         server_header=False,
+        # Nothing reads the client address or scheme; skip uvicorn's X-Forwarded-* middleware.
+        proxy_headers=False,
         # In-flight streams finish on SIGTERM; each is bounded by the stream idle timeout.
         timeout_graceful_shutdown=None,
     )

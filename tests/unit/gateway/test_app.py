@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,7 +10,7 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from services.gateway.app import create_app
-from services.gateway.bus import Reply, ReplyItem
+from services.gateway.bus import Inbox, Reply, ReplyItem
 from services.gateway.config import GatewayConfig
 from services.gateway.routes import Readiness
 from shared.messages import ModelCard, Preprocess, ResponseChunk
@@ -52,10 +51,10 @@ class FakeBus:
 
     async def submit(self, request: Preprocess) -> Reply:
         self.submitted.append(request)
-        queue: asyncio.Queue[ReplyItem] = asyncio.Queue()
+        inbox = Inbox()
         for item in self.script:
-            queue.put_nowait(item)
-        return Reply(self, request.request_id, queue)  # type: ignore[arg-type]
+            inbox.put_nowait(item)
+        return Reply(self, request.request_id, inbox)  # type: ignore[arg-type]
 
     def forget(self, request_id: str) -> None:
         pass
