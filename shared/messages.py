@@ -164,6 +164,12 @@ class Cancel(Message, frozen=True):
     reason: str = "client_disconnected"
 
 
+class FormatterLeaving(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Formatter -> preprocessors (broadcast): it is shutting down; stop direct opens to it."""
+
+    formatter_id: str
+
+
 WorkerEvent = TokenBatch | RequestFailed
 """What a formatter's stream subject carries."""
 GatewayEvent = ResponseChunk | RequestFailed

@@ -49,6 +49,14 @@ class Subjects:
         """Preprocessor -> one formatter, fire-and-forget ``StreamOpen`` (decision 013)."""
         return f"{self._p}.formatter.{formatter_id}.open"
 
+    def formatter_leaving(self, formatter_id: str) -> str:
+        """Formatter -> every preprocessor: stop opening streams here directly (shutting down)."""
+        return f"{self._p}.formatter.{formatter_id}.leaving"
+
+    @property
+    def formatter_leaving_all(self) -> str:
+        return f"{self._p}.formatter.*.leaving"
+
     def stream(self, formatter_id: str, request_id: str) -> str:
         """Worker -> one formatter: token batches for one request."""
         return f"{self._p}.stream.{formatter_id}.{request_id}"

@@ -36,6 +36,7 @@ from shared.errors import (
 )
 from shared.messages import (
     Cancel,
+    FormatterLeaving,
     RequestFailed,
     ResponseChunk,
     StreamOpen,
@@ -52,6 +53,9 @@ from shared.warmup import ModelWarmer
 log = structlog.get_logger(__name__)
 
 QUEUE_GROUP = "formatter"
+LEAVE_GRACE_S = 0.05
+"""On shutdown, after telling preprocessors to stop direct opens, how long to keep taking the
+ones already on their way before draining."""
 DONE_TTL_S = 10.0
 """Finished or cancelled request ids are remembered this long: their late batches are dropped
 at once instead of being held, and a ``StreamOpen`` that comes after its ``Cancel`` is ignored."""
@@ -120,13 +124,21 @@ class FormatterService:
         self._closing = True
         if self._warmer is not None:
             await self._warmer.stop()
-        for open_sub in (self._open_sub, self._direct_sub):
-            if open_sub is not None:
-                await open_sub.unsubscribe()
+        if self._open_sub is not None:
+            await self._open_sub.unsubscribe()
+        if self._direct_sub is not None:
+            # Preprocessors drop us from their pools; opens already sent are still served.
+            leaving = FormatterLeaving(formatter_id=self._config.formatter_id)
+            subject = self._subjects.formatter_leaving(self._config.formatter_id)
+            await self._nc.publish(subject, codec.encode(leaving))
+            await self._nc.flush()
+            await asyncio.sleep(LEAVE_GRACE_S)
         if self._states:
             log.info("formatter_draining", in_flight=len(self._states))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._drained.wait(), self._config.shutdown_timeout_s)
+        if self._direct_sub is not None:
+            await self._direct_sub.unsubscribe()
         for request_id in list(self._states):
             await self._fail(request_id, ShuttingDown("the formatter is shutting down"))
         for sub in self._subs:
@@ -155,7 +167,8 @@ class FormatterService:
             log.warning("stream_open_undecodable", error=str(exc))
             return
         tokenizer = self._tokenizers.peek(request.model)
-        if tokenizer is not None and not self._closing:
+        # While closing, direct opens still come in until every preprocessor has our notice.
+        if tokenizer is not None and (direct or not self._closing):
             await self._open(msg, request, tokenizer, direct=direct)
         else:
             # First request for a model: load without holding up other StreamOpens.

@@ -47,7 +47,14 @@ from shared.errors import (
     from_message,
     http_status_of,
 )
-from shared.messages import Cancel, Preprocess, RequestFailed, StreamOpen, StreamOpened
+from shared.messages import (
+    Cancel,
+    FormatterLeaving,
+    Preprocess,
+    RequestFailed,
+    StreamOpen,
+    StreamOpened,
+)
 from shared.metrics import ServiceMetrics, serve_metrics
 from shared.registry import ModelFiles
 from shared.subjects import Subjects, request_id_of
@@ -85,6 +92,7 @@ class Preprocessor:
         self._assets = assets
         self._clock = clock
         self._sub: Subscription | None = None
+        self._leaving_sub: Subscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._monotonic = monotonic
         self._bounces: Bounces[str] = Bounces(nc, subjects, self._on_no_router)
@@ -98,6 +106,9 @@ class Preprocessor:
         """Join the ``preprocessor`` queue group; returns once the server knows it."""
         await self._bounces.start()
         await self._open_bounces.start()
+        self._leaving_sub = await self._nc.subscribe(
+            self._subjects.formatter_leaving_all, cb=self._on_formatter_leaving
+        )
         self._sub = await self._nc.subscribe(
             self._subjects.preprocess, queue=QUEUE, cb=self._on_message
         )
@@ -117,6 +128,9 @@ class Preprocessor:
             await asyncio.gather(*pending, return_exceptions=True)
         await self._bounces.stop()
         await self._open_bounces.stop()
+        if self._leaving_sub is not None:
+            await self._leaving_sub.unsubscribe()
+            self._leaving_sub = None
         await self._assets.close()
 
     async def _on_message(self, msg: Msg) -> None:
@@ -193,6 +207,16 @@ class Preprocessor:
             self._subjects.formatter_open_direct(formatter_id), codec.encode(open_msg), reply=reply
         )
         return self._subjects.stream(formatter_id, request_id)
+
+    async def _on_formatter_leaving(self, msg: Msg) -> None:
+        try:
+            leaving = codec.decode(msg.data, FormatterLeaving)
+        except codec.DecodeError as exc:
+            log.warning("formatter_leaving_undecodable", error=str(exc))
+            return
+        if leaving.formatter_id in self.formatters:
+            self.formatters.drop(leaving.formatter_id)
+            log.info("formatter_left", formatter_id=leaving.formatter_id)
 
     async def _on_no_formatter(
         self, request_id: str, context: tuple[str, str], _subject: str

@@ -91,8 +91,13 @@ async def test_tap_shows_the_whole_path_of_one_request(
         )
 
     preprocess = first("Preprocess", f"{ns}.v1.preprocess")
-    opened = first("StreamOpen", f"{ns}.v1.formatter.open")
-    stream_opened = first("StreamOpened")
+    # Queue-group handshake (StreamOpen + StreamOpened) or, once the preprocessor knows a
+    # formatter, a direct StreamOpen to ``formatter.<id>.open`` with no answer (decision 013).
+    opened = first("StreamOpen")
+    open_subject = mine[opened]["subject"]
+    assert open_subject == f"{ns}.v1.formatter.open" or (
+        open_subject.startswith(f"{ns}.v1.formatter.") and open_subject.endswith(".open")
+    )
     routed = first("Generate", f"{ns}.v1.router.generate")
     worker_gen = next(
         i
@@ -102,8 +107,14 @@ async def test_tap_shows_the_whole_path_of_one_request(
     worker_id = mine[worker_gen]["fields"]["worker_id"]
     assert mine[worker_gen]["subject"] == f"{ns}.v1.worker.{worker_id}.generate"
     assert mine[routed]["fields"]["worker_id"] is None
-    stream_to = mine[stream_opened]["fields"]["stream_to"]
-    assert mine[routed]["fields"]["stream_to"] == stream_to
+    stream_to = mine[routed]["fields"]["stream_to"]
+    if open_subject == f"{ns}.v1.formatter.open":
+        stream_opened = first("StreamOpened")
+        assert opened < stream_opened < routed
+        assert mine[stream_opened]["fields"]["stream_to"] == stream_to
+    else:
+        formatter_id = open_subject.split(".")[-2]
+        assert stream_to == f"{ns}.v1.stream.{formatter_id}.{request_id}"
 
     batches = [ln for ln in mine if ln["type"] == "TokenBatch"]
     assert batches
@@ -118,7 +129,7 @@ async def test_tap_shows_the_whole_path_of_one_request(
     assert _sse_text("".join(c["fields"]["data"] for c in chunks)) == text
 
     last_batch = kinds.index("TokenBatch") + len(batches) - 1
-    assert preprocess < opened < stream_opened < routed < worker_gen < last_batch
+    assert preprocess < opened < routed < worker_gen < last_batch
     assert worker_gen < kinds.index("TokenBatch") <= last_batch < len(kinds) - 1
 
     # The router publishes a RouteDecision per request once KV-aware routing is in; when it
