@@ -15,6 +15,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from services.preprocessor import chat_template
+from services.preprocessor.segments import SegmentEncoder
 from shared.errors import InternalError
 from shared.messages import ModelCard
 
@@ -50,9 +51,13 @@ class ModelAssets:
     chat_templates: Mapping[str, str] = field(default_factory=dict)
     """Template sources by name (``default``, ``tool_use``, ...); empty = no chat template."""
     special_tokens: Mapping[str, Any] = field(default_factory=dict)
+    segments: SegmentEncoder | None = None
+    """Piecewise encoder with a cache of long pieces (shared system prompts), when verified."""
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         """Token ids of ``text``."""
+        if self.segments is not None and not add_special_tokens:
+            return self.segments.encode(text)
         ids: list[int] = self.tokenizer.encode_batch_fast(
             [text], add_special_tokens=add_special_tokens
         )[0].ids
@@ -87,7 +92,9 @@ def load_assets(
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     if isinstance(model_vocab, int):
         vocab_size = max(vocab_size, model_vocab)
+    segments = SegmentEncoder(tokenizer)
     return ModelAssets(
+        segments=segments if segments.verified() else None,
         model=card.model,
         tokenizer=tokenizer,
         context_length=max_model_len or card.context_length,
