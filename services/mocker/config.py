@@ -44,6 +44,11 @@ class MockerConfig(CommonConfig):
     num_gpu_blocks_override: int = 16384
     enable_prefix_caching: bool = True
     """Reuse full KV blocks across requests by hash (and publish KV events)."""
+    dynamo_step_timing: bool = False
+    """Time steps as Dynamo's mocker: prefill time, then the step's tokens go out, then the
+    decode time, which a step that completes a prefill pays too (the first token comes from
+    the decode phase). Off: one prefill + decode time, tokens at its end, and a first token
+    comes with its prefill (no decode time of its own)."""
     kv_stream_max_age_s: float = DEFAULT_MAX_AGE_S
     """Retention of the KV-events stream by age (the stream is created or updated to it)."""
     kv_stream_max_bytes: int = DEFAULT_MAX_BYTES
@@ -114,6 +119,17 @@ class MockerConfig(CommonConfig):
             action=argparse.BooleanOptionalAction,
             default=env(var, True),
             help=env_help("Reuse cached KV blocks across requests (prefix caching)", var),
+        )
+        var = _P + "DYNAMO_STEP_TIMING"
+        parser.add_argument(
+            "--dynamo-step-timing",
+            action=argparse.BooleanOptionalAction,
+            default=env(var, False),
+            help=env_help(
+                "Time steps as Dynamo's mocker: prefill, send the step's tokens, then decode "
+                "(first tokens included); --no-dynamo-step-timing sends them at the step's end",
+                var,
+            ),
         )
         opt("--kv-stream-max-age-s", DEFAULT_MAX_AGE_S, "KV-events stream retention (seconds)")
         opt("--kv-stream-max-bytes", DEFAULT_MAX_BYTES, "KV-events stream retention (bytes)")

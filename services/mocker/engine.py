@@ -175,11 +175,12 @@ class Engine:
                 self._commit_full_blocks(seq)
             if seq.num_computed == seq.num_tokens:
                 emissions.append(self._emit(seq))
-        duration_s = 0.0
+        duration_s = prefill_s = 0.0
         if self.config.speedup_ratio > 0:
+            prefill_s = self._timing.prefill_ms(prefill_tokens) / 1000.0 / self.config.speedup_ratio
             duration_s = self._timing.step_s(
                 prefill_tokens=prefill_tokens,
-                decode_seqs=decode_seqs,
+                decode_seqs=len(emissions) if self.config.first_token_decodes else decode_seqs,
                 active_kv_tokens=self.active_kv_tokens,
                 total_kv_tokens=self.config.kv_capacity_tokens,
                 speedup_ratio=self.config.speedup_ratio,
@@ -187,7 +188,7 @@ class Engine:
         for e in emissions:
             if e.finish_reason is not None:
                 self._free(self._by_id[e.request_id])
-        return StepOutput(emissions, duration_s, prefill_tokens, decode_seqs)
+        return StepOutput(emissions, duration_s, prefill_tokens, decode_seqs, prefill_s)
 
     # --- internals -------------------------------------------------------------------------------
 

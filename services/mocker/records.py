@@ -18,6 +18,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     speedup_ratio: float = 1.0
+    first_token_decodes: bool = False
+    """Dynamo's mocker: a step in which a prefill completes also pays the decode time (its first
+    token comes from the decode phase); off = a first token is sampled with its prefill."""
     eos_token_ids: tuple[int, ...] = ()
     """The model's EOS ids; the first ends text at the corpus end when a request names none."""
 
@@ -48,6 +51,8 @@ class StepOutput:
     duration_s: float
     prefill_tokens: int
     decode_seqs: int
+    prefill_s: float = 0.0
+    """The part of ``duration_s`` spent on prompt tokens; the decode part comes after it."""
 
 
 @dataclass(frozen=True, slots=True)

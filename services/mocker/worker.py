@@ -56,6 +56,7 @@ def engine_config(config: MockerConfig, model: ModelInfo) -> EngineConfig:
         block_size=config.block_size,
         num_gpu_blocks=config.num_gpu_blocks_override,
         enable_prefix_caching=config.enable_prefix_caching,
+        first_token_decodes=config.dynamo_step_timing,
         seed=config.seed,
         speedup_ratio=config.speedup_ratio,
         eos_token_ids=model.eos_token_ids,
@@ -265,18 +266,24 @@ class MockWorker:
         is_sleeping = self._config.speedup_ratio > 0
         deadline = time.perf_counter()
         burst_start, burst_steps = deadline, 0
+        emit_before_decode = self._config.dynamo_step_timing
         while self.engine.has_work:
             out = self.engine.step()
             self.publisher.collect_kv_events()
             if is_sleeping:
                 now = time.perf_counter()
-                deadline = max(deadline, now - MAX_TIMING_DEBT_S) + out.duration_s
-                await asyncio.sleep(max(0.0, deadline - now))
+                start = max(deadline, now - MAX_TIMING_DEBT_S)
+                deadline = start + out.duration_s
+                # Dynamo's mocker sleeps a step's prefill, emits, then sleeps its decode.
+                emit_at = start + out.prefill_s if emit_before_decode else deadline
+                await asyncio.sleep(max(0.0, emit_at - now))
             urgent = [e.request_id for e in out.emissions if self._outbox.add(e)]
             if is_sleeping:
                 await self._flush(self._outbox.dirty())
                 await self._phases(out.emissions)
                 await self.publisher.report_load()
+                if emit_before_decode:
+                    await asyncio.sleep(max(0.0, deadline - time.perf_counter()))
                 continue
             await self._flush(urgent)
             await self._phases(out.emissions)

@@ -17,6 +17,7 @@ from nats.aio.subscription import Subscription
 
 from services.mocker.config import MockerConfig
 from services.mocker.service import Mocker, ModelInfo
+from services.mocker.timing import PolynomialTiming
 from services.router.config import RouterConfig
 from services.router.service import Router
 from shared import codec
@@ -313,3 +314,43 @@ async def test_generate_arriving_after_its_cancel_is_not_generated(
         await _generate(nc, subjects, stream, max_tokens=3000, ignore_eos=True)
         batches = await stream.until_finished()
     assert (batches[-1].finish_reason, _ids(batches)) == ("cancelled", [])
+
+
+@pytest.mark.parametrize("dynamo_step_timing", [True, False])
+async def test_first_token_goes_out_before_the_decode_time_of_its_step(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo, dynamo_step_timing: bool
+) -> None:
+    """B is sent right after one of A's tokens. Dynamo's order (prefill, emit, decode) sends
+    A's tokens before each decode time, so B waits about one decode time, then its prefill.
+    At the end of the step instead, B also waits for its own step's decode time."""
+    speedup = 0.02  # 50x slower: timer and scheduling noise stay small against the steps
+    timing = PolynomialTiming()
+    async with (
+        running_mocker(
+            nats_url,
+            subjects,
+            model_info,
+            worker_id="w",
+            speedup_ratio=speedup,
+            dynamo_step_timing=dynamo_step_timing,
+        ),
+        running_router(nats_url, subjects),
+        Stream(nc, subjects) as a,
+        Stream(nc, subjects) as b,
+    ):
+        await _generate(nc, subjects, a, max_tokens=5, ignore_eos=True)
+        await a.next()
+        await a.next()
+        sent = time.monotonic()
+        await _generate(nc, subjects, b, max_tokens=1)
+        first = await b.next()
+        ttft_s = time.monotonic() - sent
+        await a.until_finished()
+    assert isinstance(first, TokenBatch)
+    assert first.cached_tokens > 0
+    prefill_s = timing.prefill_ms(len(PROMPT) - first.cached_tokens) / 1000 / speedup
+    decode_s = timing.decode_ms(0, 1) / 1000 / speedup  # ~5.7 ms: the KV cache is nearly empty
+    if dynamo_step_timing:
+        assert ttft_s < prefill_s + 1.5 * decode_s
+    else:
+        assert ttft_s > prefill_s + 1.5 * decode_s

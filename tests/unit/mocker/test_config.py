@@ -51,3 +51,12 @@ def test_invalid_worker_id_is_a_usage_error() -> None:
 def test_negative_speedup_is_rejected() -> None:
     with pytest.raises(ValueError, match="speedup"):
         MockerConfig(speedup_ratio=-1)
+
+
+def test_dynamo_step_timing_is_off_by_default_and_can_be_turned_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert MockerConfig.from_cli([]).dynamo_step_timing is False
+    assert MockerConfig.from_cli(["--dynamo-step-timing"]).dynamo_step_timing is True
+    monkeypatch.setenv("JETSERVE_MOCKER_DYNAMO_STEP_TIMING", "true")
+    assert MockerConfig.from_cli([]).dynamo_step_timing is True

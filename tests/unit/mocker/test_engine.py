@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.mocker.engine import Emission, Engine, EngineConfig, EngineError
+from services.mocker.timing import PolynomialTiming
 from shared.messages import SamplingParams
 
 CORPUS = tuple(range(1000, 1200))  # 200 distinct "tokens"; never an EOS or a test stop id
@@ -211,3 +212,34 @@ class TestDuration:
             durations.append(engine.step().duration_s)
         assert durations[0] == pytest.approx(10 * durations[1])
         assert durations[0] > 0
+
+    def test_prefill_part_of_a_mixed_step(self) -> None:
+        timing = PolynomialTiming()
+        engine = _engine(speedup_ratio=1.0)
+        engine.add("a", tuple(range(1, 101)), SamplingParams(max_tokens=4))
+        engine.step()  # a's prefill
+        engine.add("b", tuple(range(201, 251)), SamplingParams(max_tokens=4))
+        out = engine.step()  # b's prefill + a's decode
+        assert out.prefill_s == pytest.approx(timing.prefill_ms(50) / 1000)
+        assert out.duration_s > out.prefill_s
+
+    @pytest.mark.parametrize("first_token_decodes", [False, True])
+    def test_a_step_completing_a_prefill_pays_decode_as_dynamo(
+        self, first_token_decodes: bool
+    ) -> None:
+        """Dynamo's mocker generates the first token in the decode phase of the same step."""
+        timing = PolynomialTiming()
+        engine = _engine(speedup_ratio=1.0, first_token_decodes=first_token_decodes)
+        engine.add("r", tuple(range(1, 101)), SamplingParams(max_tokens=4))
+        out = engine.step()
+        assert out.prefill_s == pytest.approx(timing.prefill_ms(100) / 1000)
+        decode_s = timing.decode_ms(100, engine.config.kv_capacity_tokens) / 1000
+        extra = decode_s if first_token_decodes else 0.0
+        assert out.duration_s == pytest.approx(out.prefill_s + extra)
+
+    def test_a_chunk_that_completes_no_prefill_pays_no_decode(self) -> None:
+        engine = _engine(speedup_ratio=1.0, max_num_batched_tokens=64, first_token_decodes=True)
+        engine.add("r", tuple(range(1, 101)), SamplingParams(max_tokens=4))
+        out = engine.step()  # 64 of 100 prompt tokens: no token yet
+        assert not out.emissions
+        assert out.duration_s == pytest.approx(out.prefill_s)
