@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import nats
 import openai
 import pytest
 
 from services.cli.stack import Stack, StackConfig, StackError
 from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
+from shared.subjects import Subjects
 from tests.support import nats_server_binary
 
 MODEL = DEFAULT_MODEL_NAME
@@ -40,11 +45,30 @@ def start_stack(run_dir: Path, model_dir: Path, **overrides: object) -> Stack:
     stack = Stack(config)
     try:
         stack.start(ready_timeout_s=60)
-    except StackError as exc:
+        # /health turns ready with the first live worker; tests that count workers need all.
+        asyncio.run(_wait_for_workers(stack, config.workers, timeout_s=30))
+    except (StackError, TimeoutError) as exc:
         logs = "\n".join(f"--- {c.name}\n{c.tail(40)}" for c in stack.children)
         stack.stop()
         pytest.fail(f"stack did not start: {exc}\n{logs}")
     return stack
+
+
+async def _wait_for_workers(stack: Stack, count: int, timeout_s: float) -> None:
+    """Return once ``count`` worker cards are in the registry bucket."""
+    nc = await nats.connect(stack.nats_url)
+    try:
+        bucket = Subjects(stack.config.namespace).workers_bucket
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):  # the bucket may not exist yet
+                kv = await nc.jetstream().key_value(bucket)
+                if len(await kv.keys()) >= count:
+                    return
+            await asyncio.sleep(0.1)
+        raise TimeoutError(f"fewer than {count} workers registered after {timeout_s}s")
+    finally:
+        await nc.close()
 
 
 @pytest.fixture(scope="session")
