@@ -14,6 +14,7 @@ import structlog
 
 from services.formatter.detokenizer import load_tokenizer
 from shared.errors import InternalError, ModelNotFound
+from shared.singleflight import SingleFlight
 
 log = structlog.get_logger(__name__)
 
@@ -27,7 +28,7 @@ class TokenizerCache:
     def __init__(self, fetch: Fetch) -> None:
         self._fetch = fetch
         self._ready: dict[str, Any] = {}
-        self._loading: dict[str, asyncio.Task[Any]] = {}
+        self._loading: SingleFlight[str, Any] = SingleFlight()
 
     def peek(self, model: str) -> Any | None:
         """The model's tokenizer if already loaded (no waiting)."""
@@ -43,13 +44,9 @@ class TokenizerCache:
         tokenizer = self._ready.get(model)
         if tokenizer is not None:
             return tokenizer
-        task = self._loading.get(model)
-        if task is None:
-            task = asyncio.create_task(self._load(model), name=f"load-tokenizer-{model}")
-            self._loading[model] = task
-            task.add_done_callback(lambda _: self._loading.pop(model, None))
-        # shield: one waiter's cancellation must not abort the load the others wait on.
-        return await asyncio.shield(task)
+        return await self._loading.run(
+            model, lambda: self._load(model), name=f"load-tokenizer-{model}"
+        )
 
     async def _load(self, model: str) -> Any:
         try:

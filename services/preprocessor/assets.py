@@ -17,6 +17,7 @@ import structlog
 from services.preprocessor.tokenizer import WANTED_FILES, ModelAssets, load_assets
 from shared.errors import ModelNotFound
 from shared.messages import ModelCard
+from shared.singleflight import SingleFlight
 
 log = structlog.get_logger(__name__)
 
@@ -55,7 +56,7 @@ class AssetCache:
         self._max_models = max_models
         self._offload = offload
         self._ready: OrderedDict[str, ModelAssets] = OrderedDict()
-        self._loading: dict[str, asyncio.Task[ModelAssets]] = {}
+        self._loading: SingleFlight[str, ModelAssets] = SingleFlight()
 
     async def get(self, model: str) -> ModelAssets:
         """The model's assets, loading them on first use.
@@ -68,20 +69,13 @@ class AssetCache:
         if assets is not None:
             self._ready.move_to_end(model)
             return assets
-        task = self._loading.get(model)
-        if task is None:
-            task = asyncio.create_task(self._load(model), name=f"load-assets-{model}")
-            self._loading[model] = task
-            task.add_done_callback(lambda _: self._loading.pop(model, None))
-        # shield: one waiter giving up must not cancel the load the others wait on.
-        return await asyncio.shield(task)
+        return await self._loading.run(
+            model, lambda: self._load(model), name=f"load-assets-{model}"
+        )
 
     async def close(self) -> None:
         """Cancel loads still running (at shutdown, when no request waits for them)."""
-        tasks = list(self._loading.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._loading.cancel_all()
 
     def loaded(self) -> list[str]:
         """Names of the models whose assets are in memory, least recently used first."""
