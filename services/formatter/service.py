@@ -27,10 +27,9 @@ from services.formatter.early import EarlyEvents
 from services.formatter.request import RequestFormatter
 from services.formatter.tokenizer_cache import TokenizerCache
 from shared import codec
-from shared.bus import barrier, connect, no_responders, wait_for_signal
+from shared.bus import barrier, connect, wait_for_signal
 from shared.errors import (
     ServiceError,
-    ServiceUnavailable,
     ShuttingDown,
     UpstreamTimeout,
 )
@@ -47,7 +46,7 @@ from shared.messages import (
 from shared.metrics import ServiceMetrics, serve_metrics
 from shared.recent import RecentIds
 from shared.registry import ModelFiles
-from shared.subjects import Subjects, request_id_of
+from shared.subjects import Subjects
 from shared.warmup import ModelWarmer
 
 log = structlog.get_logger(__name__)
@@ -237,21 +236,17 @@ class FormatterService:
         return True
 
     async def on_stream(self, msg: Msg) -> None:
-        """A worker's TokenBatch or a hop's RequestFailed (or "no responders") for one request."""
+        """A worker's TokenBatch or a hop's RequestFailed for one request.
+
+        A missing router or worker never shows up here as NATS "no responders": the server sends
+        that status only to the publishing connection, so the forwarding hop catches it on its
+        bounce subject and sends a ``RequestFailed`` instead (``shared.bounce``).
+        """
         with self.metrics.handling("stream"):
             await self._on_stream(msg)
 
     async def _on_stream(self, msg: Msg) -> None:
         try:
-            if msg.headers and (subject := no_responders(msg)) is not None:
-                request_id = request_id_of(msg.subject)
-                error = ServiceUnavailable(f"no service is listening on {subject}")
-                if request_id in self._states:
-                    await self._fail(request_id, error)
-                else:
-                    failed = error.to_message(request_id)
-                    self._hold(failed, codec.encode(failed))
-                return
             # WorkerEvent is a union, not a class: codec.decode's type[T] cannot name it.
             event: WorkerEvent = codec.decode(msg.data, WorkerEvent)  # type: ignore[arg-type]
             state = self._states.get(event.request_id)

@@ -205,24 +205,6 @@ async def test_stop_string_truncates_and_publishes_cancel(
     assert (cancel.request_id, cancel.reason) == (request_id, "stop_string")
 
 
-async def test_no_responders_becomes_a_503(
-    nats_url: str, nc: Client, subjects: Subjects, published: None, gateway: Subscription
-) -> None:
-    # The server sends "no responders" only to the publishing connection, so the publish goes
-    # through the formatter's own client; any other connection's status never reaches it.
-    service, client = await start_formatter(nats_url, subjects)
-    try:
-        _, opened = await open_stream(nc, subjects, stream=True)
-        assert isinstance(opened, StreamOpened)
-        await client.publish(subjects.route, b"generate", reply=opened.stream_to)
-        [event] = await collect(gateway)
-    finally:
-        await service.stop()
-        await client.drain()
-    assert isinstance(event, RequestFailed)
-    assert (event.status, event.code, event.retry_after_s) == (503, "service_unavailable", 1.0)
-
-
 async def test_worker_failure_is_forwarded_as_is(
     nc: Client, subjects: Subjects, formatter: FormatterService, gateway: Subscription
 ) -> None:
