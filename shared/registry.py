@@ -20,7 +20,12 @@ import msgspec
 import structlog
 from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
+from nats.js.errors import (
+    BadRequestError,
+    BucketNotFoundError,
+    NotFoundError,
+    ObjectNotFoundError,
+)
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
@@ -40,25 +45,44 @@ def object_name(model: str, file: str) -> str:
     return f"{model}/{file}"
 
 
+async def open_kv(js: JetStreamContext, bucket: str, ttl_s: float) -> KeyValue:
+    """Open a KV bucket, creating it (history 1, max age ``ttl_s``) if it does not exist.
+
+    Services start together, so two may find the bucket missing and both create it; the
+    loser's create fails when its settings differ ("stream name already in use"), and then it
+    opens the winner's bucket.
+    """
+    try:
+        return await js.key_value(bucket)
+    except BucketNotFoundError:
+        config = KeyValueConfig(bucket=bucket, history=1, ttl=ttl_s, storage=StorageType.FILE)
+        try:
+            return await js.create_key_value(config=config)
+        except BadRequestError:
+            return await js.key_value(bucket)
+
+
+async def open_object_store(js: JetStreamContext, name: str) -> ObjectStore:
+    """Open an object store, creating it if it does not exist (race-safe as ``open_kv``)."""
+    try:
+        return await js.object_store(name)
+    except (BucketNotFoundError, NotFoundError):
+        config = ObjectStoreConfig(bucket=name, storage=StorageType.FILE)
+        try:
+            # nats-py overwrites config.bucket with the ``bucket`` argument, so pass both.
+            return await js.create_object_store(name, config=config)
+        except BadRequestError:
+            return await js.object_store(name)
+
+
 async def workers_bucket(js: JetStreamContext, subjects: Subjects, ttl_s: float) -> KeyValue:
     """Open the workers KV bucket, creating it (max age = ``ttl_s``) if it does not exist."""
-    try:
-        return await js.key_value(subjects.workers_bucket)
-    except BucketNotFoundError:
-        config = KeyValueConfig(
-            bucket=subjects.workers_bucket, history=1, ttl=ttl_s, storage=StorageType.FILE
-        )
-        return await js.create_key_value(config=config)
+    return await open_kv(js, subjects.workers_bucket, ttl_s)
 
 
 async def models_store(js: JetStreamContext, subjects: Subjects) -> ObjectStore:
     """Open the models object store, creating it if it does not exist."""
-    try:
-        return await js.object_store(subjects.models_store)
-    except (BucketNotFoundError, NotFoundError):
-        config = ObjectStoreConfig(bucket=subjects.models_store, storage=StorageType.FILE)
-        # nats-py overwrites config.bucket with the ``bucket`` argument, so pass both.
-        return await js.create_object_store(subjects.models_store, config=config)
+    return await open_object_store(js, subjects.models_store)
 
 
 # --- pure core -----------------------------------------------------------------------------------

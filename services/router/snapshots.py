@@ -17,10 +17,8 @@ from collections.abc import Callable
 
 import nats.errors
 import structlog
-from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
-    BucketNotFoundError,
     KeyWrongLastSequenceError,
     NotFoundError,
     ObjectNotFoundError,
@@ -31,6 +29,7 @@ from nats.js.object_store import ObjectStore
 from services.router.indexer import IndexSnapshot, decode_snapshot, encode_snapshot
 from services.router.metrics import RouterMetrics
 from services.router.sync import KvSync
+from shared.registry import open_kv, open_object_store
 from shared.subjects import Subjects
 
 log = structlog.get_logger(__name__)
@@ -41,22 +40,12 @@ LEASE_KEY = "snapshot-writer"
 
 async def router_store(js: JetStreamContext, subjects: Subjects) -> ObjectStore:
     """Open the router object store, creating it if needed."""
-    try:
-        return await js.object_store(subjects.router_store)
-    except (BucketNotFoundError, NotFoundError):
-        config = ObjectStoreConfig(bucket=subjects.router_store, storage=StorageType.FILE)
-        return await js.create_object_store(subjects.router_store, config=config)
+    return await open_object_store(js, subjects.router_store)
 
 
 async def lease_bucket(js: JetStreamContext, subjects: Subjects, ttl_s: float) -> KeyValue:
     """Open the lease bucket, creating it with max age ``ttl_s`` if needed."""
-    try:
-        return await js.key_value(subjects.router_lease_bucket)
-    except BucketNotFoundError:
-        config = KeyValueConfig(
-            bucket=subjects.router_lease_bucket, history=1, ttl=ttl_s, storage=StorageType.FILE
-        )
-        return await js.create_key_value(config=config)
+    return await open_kv(js, subjects.router_lease_bucket, ttl_s)
 
 
 async def load_snapshot(js: JetStreamContext, subjects: Subjects) -> IndexSnapshot | None:
