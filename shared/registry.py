@@ -36,6 +36,8 @@ from shared.subjects import Subjects
 log = structlog.get_logger(__name__)
 
 DEFAULT_WORKER_TTL_S = 10.0
+FETCH_TIMEOUT_S = 10.0
+FETCH_ATTEMPTS = 3
 MODEL_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json")
 CARD = "card"
 
@@ -214,10 +216,19 @@ class ModelFiles:
         if cached and key in self._cache:
             return self._cache[key]
         store = await self._open()
-        try:
-            result = await store.get(object_name(model, file))
-        except (ObjectNotFoundError, NotFoundError):
-            return None
+        name = object_name(model, file)
+        for attempt in range(1, FETCH_ATTEMPTS + 1):
+            try:
+                result = await asyncio.wait_for(store.get(name), FETCH_TIMEOUT_S)
+                break
+            except (ObjectNotFoundError, NotFoundError):
+                return None
+            except TimeoutError:
+                # Another worker re-uploaded the object while we read it (its old chunks are
+                # purged, and nats-py waits for them forever): read the new version.
+                log.warning("model_file_read_timed_out", name=name, attempt=attempt)
+        else:
+            raise TimeoutError(f"could not read {name} from the model registry")
         data = result.data or b""
         self._cache[key] = data
         return data
