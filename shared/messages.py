@@ -288,6 +288,10 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
     worker_id: str
     overlap_blocks: int = 0
+    """Prompt blocks the worker need not prefill: cached there, or being computed there."""
+    inflight_blocks: int = 0
+    """Of ``overlap_blocks``, those only in flight: requests routed there earlier are computing
+    them, not cached yet (the router's in-flight overlap; 0 with ``--no-inflight-overlap``)."""
     prefill_blocks: float = 0.0
     decode_blocks: float = 0.0
     cost: float = 0.0

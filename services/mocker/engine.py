@@ -164,15 +164,11 @@ class Engine:
         """Schedule within the budget, compute each scheduled chunk, emit completed requests."""
         emissions: list[Emission] = []
         prefill_tokens = decode_seqs = 0
-        bs = self.config.block_size
-        for seq, n in self._schedule():
-            if n == 1 and seq.output and seq.num_computed + 1 == seq.num_tokens:
+        for seq, n, decoding in self._schedule():
+            if decoding:
                 decode_seqs += 1
             else:
                 prefill_tokens += n  # a prompt chunk, or a recompute after preemption
-            seq.num_computed += n
-            if seq.num_computed // bs > len(seq.table.hashes):
-                self._commit_full_blocks(seq)
             if seq.num_computed == seq.num_tokens:
                 emissions.append(self._emit(seq))
         duration_s = prefill_s = 0.0
@@ -206,10 +202,17 @@ class Engine:
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.config.block_size)
 
-    def _schedule(self) -> list[tuple[EngineRequest, int]]:
-        """Running requests first (preempting the newest when blocks run out), then admit."""
+    def _schedule(self) -> list[tuple[EngineRequest, int, bool]]:
+        """Running requests first (preempting the newest when blocks run out), then admit.
+
+        Each scheduled chunk is taken at once (``_take``): its full blocks become cacheable
+        before the next request is matched, so a request admitted in the same step as another
+        with its prefix reuses those blocks (vLLM v1 caches blocks when it schedules them; the
+        KV of one forward pass is written layer by layer before attention reads it).
+        Returns (request, tokens, is a decode) triples.
+        """
         budget = self.config.max_num_batched_tokens
-        scheduled: list[tuple[EngineRequest, int]] = []
+        scheduled: list[tuple[EngineRequest, int, bool]] = []
         has_preempted = False
         i = 0
         bs = self.config.block_size
@@ -218,7 +221,7 @@ class Engine:
             n = min(seq.num_tokens - seq.num_computed, budget)
             table = seq.table
             if seq.num_computed + n <= (len(table.hashes) + table.reserved) * bs:
-                scheduled.append((seq, n))  # fast path: the blocks it holds have room
+                scheduled.append(self._take(seq, n))  # fast path: the blocks it holds have room
                 budget -= n
                 i += 1
                 continue
@@ -230,7 +233,7 @@ class Engine:
                 if victim is seq:
                     break
             else:
-                scheduled.append((seq, n))
+                scheduled.append(self._take(seq, n))
                 budget -= n
                 i += 1
                 continue
@@ -251,9 +254,17 @@ class Engine:
             if seq.is_prefilling:
                 seq.cached_tokens = computed
                 self.stats.cache_hit_tokens += computed
-            scheduled.append((seq, n))
+            scheduled.append(self._take(seq, n))
             budget -= n
         return scheduled
+
+    def _take(self, seq: EngineRequest, n: int) -> tuple[EngineRequest, int, bool]:
+        """Compute ``n`` tokens of ``seq`` in this step and commit the blocks they fill."""
+        decoding = n == 1 and bool(seq.output) and seq.num_computed + 1 == seq.num_tokens
+        seq.num_computed += n
+        if seq.num_computed // seq.block_size > len(seq.table.hashes):
+            self._commit_full_blocks(seq)
+        return seq, n, decoding
 
     def _preempt(self, seq: EngineRequest) -> None:
         """Recompute preemption: free the request's blocks and put it first in line again."""

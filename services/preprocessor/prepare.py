@@ -32,13 +32,16 @@ class Prepared:
         return len(self.token_ids)
 
 
-def prepare(req: Preprocess, assets: ModelAssets) -> Prepared:
-    """Template, tokenize, check the context length and resolve sampling for one request."""
+def prepare(req: Preprocess, assets: ModelAssets, rendered: str | None = None) -> Prepared:
+    """Template, tokenize, check the context length and resolve sampling for one request.
+
+    ``rendered``: the chat prompt ``rendered_chat`` already made for this request, if any.
+    """
     if req.api == "chat":
         messages = chat_template.normalize_messages(req.messages)
-        token_ids = tuple(
-            assets.encode(render_chat(req, messages, assets), add_special_tokens=False)
-        )
+        if rendered is None:
+            rendered = render_chat(req, messages, assets)
+        token_ids = tuple(assets.encode(rendered, add_special_tokens=False))
         echo = _chat_echo(req, messages) if req.output.echo else ""
     elif req.prompt_token_ids is not None:
         token_ids = check_token_ids(req.prompt_token_ids, assets.vocab_size)
@@ -61,6 +64,11 @@ def prepare(req: Preprocess, assets: ModelAssets) -> Prepared:
     )
     sampling = msgspec.structs.replace(req.sampling, max_tokens=max_tokens, stop_token_ids=stop_ids)
     return Prepared(token_ids=token_ids, sampling=sampling, prompt_text=echo)
+
+
+def rendered_chat(req: Preprocess, assets: ModelAssets) -> str:
+    """A chat request's prompt text, templated (for ``prepare(..., rendered=)``)."""
+    return render_chat(req, chat_template.normalize_messages(req.messages), assets)
 
 
 def render_chat(req: Preprocess, messages: Sequence[dict[str, Any]], assets: ModelAssets) -> str:

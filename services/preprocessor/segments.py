@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future
 from typing import Any
 
 MIN_CACHED_CHARS = 1024
@@ -34,6 +35,9 @@ class SegmentEncoder:
         self._min_chars = min_chars
         self._max_entries = max_entries
         self._cache: OrderedDict[str, list[int]] = OrderedDict()
+        self._pending: dict[str, Future[list[int]]] = {}
+        """Pieces being encoded now: a burst of requests sharing a new system prompt
+        encodes it once, the others wait for that result."""
         self._lock = threading.Lock()  # encode may run on a worker thread too
         self._specials = sorted(
             t.content
@@ -69,6 +73,17 @@ class SegmentEncoder:
             ids += self._whole(text[start:])
         return ids
 
+    def uncached_chars(self, text: str) -> int:
+        """How much of ``text`` ``encode`` would tokenize now: all but its cached long pieces."""
+        if self._split is None or len(text) < self._min_chars:
+            return len(text)
+        left = len(text)
+        with self._lock:
+            for piece_start, piece_end in self._long_pieces(text):
+                if text[piece_start:piece_end] in self._cache:
+                    left -= piece_end - piece_start
+        return left
+
     def _long_pieces(self, text: str) -> list[tuple[int, int]]:
         """Spans between special tokens (or the text's ends) at least ``min_chars`` long."""
         assert self._split is not None
@@ -89,12 +104,27 @@ class SegmentEncoder:
                 self._cache.move_to_end(piece)
                 self.hits += 1
                 return ids
-        ids = self._whole(piece)
+            pending = self._pending.get(piece)
+            if pending is None:
+                owner = self._pending[piece] = Future()
+            else:
+                self.hits += 1
+        if pending is not None:
+            return pending.result()  # another thread is encoding it: wait, do not redo it
+        try:
+            ids = self._whole(piece)
+        except BaseException as exc:
+            with self._lock:
+                del self._pending[piece]
+            owner.set_exception(exc)
+            raise
         with self._lock:
+            del self._pending[piece]
             self.misses += 1
             self._cache[piece] = ids
             while len(self._cache) > self._max_entries:
                 self._cache.popitem(last=False)
+        owner.set_result(ids)
         return ids
 
     def verified(self) -> bool:

@@ -33,6 +33,7 @@ from services.preprocessor.prepare import (
     generate,
     prepare,
     prompt_chars,
+    rendered_chat,
     stream_open,
 )
 from shared import codec
@@ -64,8 +65,9 @@ log = structlog.get_logger(__name__)
 
 QUEUE = "preprocessor"
 OFFLOAD_CHARS = 8_000
-"""Prompts at least this long are templated and tokenized on a worker thread: ~2k tokens take
-~2 ms, the thread hop ~0.1 ms, and ``encode_batch_fast`` releases the GIL."""
+"""Prompts with at least this much text to tokenize afresh (not served by the segment cache) are
+tokenized on a worker thread: ~2k tokens take ~2 ms, the thread hop ~0.1 ms idle but up to the
+GIL switch interval (5 ms) when the loop is busy, and ``encode_batch_fast`` releases the GIL."""
 SHUTDOWN_GRACE_S = 10.0
 
 OpenReply = StreamOpened | RequestFailed
@@ -179,10 +181,17 @@ class Preprocessor:
         if req.deadline_ms and self._clock() * 1000 > req.deadline_ms:
             raise UpstreamTimeout("the request expired before it was preprocessed")
         assets = await self._assets.get(req.model)
-        if prompt_chars(req) >= OFFLOAD_CHARS:
-            prepared = await asyncio.to_thread(prepare, req, assets)
+        rendered = None
+        offload = prompt_chars(req) >= OFFLOAD_CHARS
+        if offload and req.api == "chat":
+            # Templating is cheap; tokenizing is not, unless the long parts (a shared system
+            # prompt) are cached: then a thread hop would only add latency.
+            rendered = rendered_chat(req, assets)
+            offload = assets.uncached_chars(rendered) >= OFFLOAD_CHARS
+        if offload:
+            prepared = await asyncio.to_thread(prepare, req, assets, rendered)
         else:
-            prepared = prepare(req, assets)
+            prepared = prepare(req, assets, rendered)
         stream_to = await self._open_stream(stream_open(req, prepared))
         data = codec.encode(generate(req, prepared, stream_to))
         # With no router the server bounces this to us at once; we tell the formatter.

@@ -63,6 +63,10 @@ class ModelAssets:
         )[0].ids
         return ids
 
+    def uncached_chars(self, text: str) -> int:
+        """The characters ``encode(text, add_special_tokens=False)`` would tokenize afresh."""
+        return self.segments.uncached_chars(text) if self.segments is not None else len(text)
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens kept (for ``echo``)."""
         text: str = self.tokenizer.decode(list(ids), skip_special_tokens=False)

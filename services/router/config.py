@@ -33,6 +33,9 @@ class RouterConfig(CommonConfig):
     router_temperature: float = 0.0
     kv_events: bool = True
     """False = ``--no-kv-events``: assume the chosen worker caches the prompt (approximate)."""
+    inflight_overlap: bool = True
+    """kv mode: a prefix that requests routed to a worker are computing counts as cached there
+    (False = ``--no-inflight-overlap``: only the KV index counts, as Dynamo 1.6.1)."""
     router_ttl_secs: float = 120.0
     """Approximate mode: forget an assumed cached prompt this long after it was routed."""
     active_decode_blocks_threshold: float | None = None
@@ -93,6 +96,17 @@ class RouterConfig(CommonConfig):
             help=env_help(
                 "Approximate kv mode: assume the chosen worker caches the prompt",
                 "JETSERVE_ROUTER_KV_EVENTS",
+            ),
+        )
+        parser.add_argument(
+            "--no-inflight-overlap",
+            action="store_false",
+            dest="inflight_overlap",
+            default=env("JETSERVE_ROUTER_INFLIGHT_OVERLAP", True),
+            help=env_help(
+                "kv mode: count only cached blocks as overlap, not a prefix that requests "
+                "already routed to the worker are computing",
+                "JETSERVE_ROUTER_INFLIGHT_OVERLAP",
             ),
         )
         parser.add_argument(

@@ -50,6 +50,9 @@ class CoreSettings:
     temperature: float = 0.0
     use_kv_events: bool = True
     """kv mode only: False = approximate index (``--no-kv-events``)."""
+    inflight_overlap: bool = True
+    """kv mode only: a prompt prefix that requests already routed to a worker are computing
+    counts as overlap there (the engine reuses blocks once scheduled, as vLLM v1 does)."""
     busy: BusyThresholds = field(default_factory=BusyThresholds)
     busy_status: int = 503
     busy_retry_after_s: float = 1.0
@@ -113,15 +116,27 @@ class RoutingCore:
         weight = hints.overlap_score_weight
         weight = self.settings.overlap_weight if weight is None else weight
         check_busy = not pinned and self.settings.busy.enabled
+        inflight = self.is_kv and self.settings.inflight_overlap
         load = self.load
         candidates: list[Candidate] = []
         for card in cards:
             w = card.worker_id
             prefill, decode, new = load.figures(w, hashes)
+            cached = overlaps.get(w, 0)
+            pending = 0
+            if inflight:
+                # Active blocks are prefix-closed: the first len(hashes) - new are being
+                # computed (or held) there by requests routed earlier, which the engine
+                # schedules first. Their prefill is work this request needs done anyway, not a
+                # queue it waits behind elsewhere: an in-flight prefix costs what a cached one
+                # does. (If that prefill is already done but its KV events are not in yet,
+                # this discounts other requests' prefill for those few milliseconds.)
+                pending = max(0, len(hashes) - new - cached)
+                prefill = max(0, prefill - pending * block_size)
             candidates.append(
                 worker_cost(
                     w,
-                    overlaps.get(w, 0),
+                    cached + pending,
                     prefill,
                     decode,
                     new + tail,
@@ -129,6 +144,7 @@ class RoutingCore:
                     block_size,
                     weight,
                     check_busy and self._is_busy(card, now),
+                    pending,
                 )
             )
         best = candidates[self._choose(gen, cards, candidates, hints, rng)]

@@ -4,6 +4,8 @@ For each candidate worker::
 
     prefill_blocks = (active prefill tokens + new prefill tokens) / block_size
     new prefill tokens = prompt tokens - overlap blocks * block_size
+    overlap blocks = the prompt's leading blocks cached on the worker (KV index) or, unless
+                     --no-inflight-overlap, being computed there by requests routed earlier
     decode_blocks  = active decode blocks + the prompt's blocks not already active there
     cost           = overlap_weight * prefill_blocks + decode_blocks
 
@@ -34,6 +36,7 @@ def worker_cost(
     block_size: int,
     overlap_weight: float,
     busy: bool = False,
+    inflight_blocks: int = 0,
 ) -> Candidate:
     """The cost of sending a ``prompt_tokens`` prompt to one worker, as a decision candidate.
 
@@ -48,6 +51,7 @@ def worker_cost(
     return Candidate(
         worker_id=worker_id,
         overlap_blocks=overlap_blocks,
+        inflight_blocks=inflight_blocks,
         prefill_blocks=prefill_blocks,
         decode_blocks=decode_blocks,
         cost=overlap_weight * prefill_blocks + decode_blocks,

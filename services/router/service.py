@@ -63,6 +63,7 @@ def core_settings(config: RouterConfig) -> CoreSettings:
         overlap_weight=config.kv_overlap_score_weight,
         temperature=config.router_temperature,
         use_kv_events=config.kv_events,
+        inflight_overlap=config.inflight_overlap,
         busy=BusyThresholds(
             decode_blocks_frac=config.active_decode_blocks_threshold,
             prefill_tokens=config.active_prefill_tokens_threshold,

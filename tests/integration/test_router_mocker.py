@@ -354,3 +354,43 @@ async def test_first_token_goes_out_before_the_decode_time_of_its_step(
         assert ttft_s < prefill_s + 1.5 * decode_s
     else:
         assert ttft_s > prefill_s + 1.5 * decode_s
+
+
+@pytest.mark.parametrize("inflight_overlap", [True, False])
+async def test_a_request_sharing_a_prefix_still_in_prefill_joins_it(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo, inflight_overlap: bool
+) -> None:
+    """B shares A's new 4-block prefix and arrives while A is still prefilling, before any KV
+    event: the router counts the prefix A computes as B's overlap (unless switched off), and
+    the engine reuses A's blocks once scheduled, so B prefills only its own tail."""
+    prefix = tuple(range(1000, 1064))  # 4 blocks of 16
+    async with (
+        running_mocker(
+            nats_url, subjects, model_info, worker_id="w", num_workers=2, speedup_ratio=0.05
+        ),
+        running_router(
+            nats_url, subjects, router_mode="kv", inflight_overlap=inflight_overlap, seed=7
+        ),
+        Stream(nc, subjects) as a,
+        Stream(nc, subjects) as b,
+    ):
+        for stream, tail in ((a, (1,)), (b, (2,))):
+            gen = Generate(
+                request_id=stream.request_id,
+                model=MODEL,
+                token_ids=(*prefix, *tail),
+                sampling=SamplingParams(max_tokens=2, ignore_eos=True),
+                stream_to=stream.subject,
+            )
+            await nc.publish(subjects.route, codec.encode(gen), reply=stream.subject)
+        first_a, first_b = await a.next(), await b.next()
+        await a.until_finished()
+        await b.until_finished()
+    assert isinstance(first_a, TokenBatch)
+    assert isinstance(first_b, TokenBatch)
+    if inflight_overlap:
+        assert first_b.worker_id == first_a.worker_id
+        assert (first_a.cached_tokens, first_b.cached_tokens) == (0, 64)
+    else:  # both workers look alike but A's holds A's prefill: B recomputes the prefix
+        assert first_b.worker_id != first_a.worker_id
+        assert first_b.cached_tokens == 0

@@ -183,10 +183,35 @@ class TestBatching:
     def test_admission_waits_for_kv_blocks(self) -> None:
         engine = _engine(block_size=4, num_gpu_blocks=4)
         engine.add("a", tuple(range(1, 11)), SamplingParams(max_tokens=2))  # 3 blocks
-        engine.add("b", tuple(range(1, 11)), SamplingParams(max_tokens=2))
+        engine.add("b", tuple(range(21, 31)), SamplingParams(max_tokens=2))  # 3 other blocks
         engine.step()
         assert (engine.num_running, engine.num_waiting) == (1, 1)
         assert set(_run(engine)) == {"a", "b"}
+
+    def test_same_step_admission_reuses_the_blocks_just_scheduled(self) -> None:
+        # As vLLM v1: blocks are cacheable once scheduled, so a request admitted right after
+        # another with the same prefix, in the same step, computes only its own suffix.
+        engine = _engine(block_size=4, num_gpu_blocks=8)
+        prefix = tuple(range(1, 13))  # 3 full blocks
+        engine.add("a", (*prefix, 50, 51), SamplingParams(max_tokens=1))
+        engine.add("b", (*prefix, 60, 61), SamplingParams(max_tokens=1))
+        out = engine.step()
+        assert out.prefill_tokens == 14 + 2
+        cached = {e.request_id: e.cached_tokens for e in out.emissions}
+        assert cached == {"a": 0, "b": 12}
+
+    def test_a_request_behind_a_chunked_prefill_reuses_its_last_chunk_in_the_same_step(
+        self,
+    ) -> None:
+        engine = _engine(block_size=4, num_gpu_blocks=16, max_num_batched_tokens=10)
+        prefix = tuple(range(1, 17))  # 4 full blocks
+        engine.add("a", (*prefix, 50), SamplingParams(max_tokens=1))
+        engine.add("b", (*prefix, 60), SamplingParams(max_tokens=1))
+        first = engine.step()  # a: tokens 0-9 take the whole budget; b waits
+        assert (first.prefill_tokens, first.emissions) == (10, [])
+        second = engine.step()  # a: tokens 10-16 (blocks 2-3), then b: all 4 blocks + 1 token
+        assert second.prefill_tokens == 7 + 1
+        assert {e.request_id: e.cached_tokens for e in second.emissions} == {"a": 0, "b": 16}
 
     def test_prompt_larger_than_the_kv_cache_is_rejected(self) -> None:
         engine = _engine(block_size=4, num_gpu_blocks=2)

@@ -11,6 +11,7 @@ from services.preprocessor.prepare import (
     generate,
     prepare,
     prompt_chars,
+    rendered_chat,
     resolve_max_tokens,
     resolve_stop_token_ids,
     stream_open,
@@ -216,3 +217,9 @@ class TestMessages:
     def test_prompt_chars_counts_text_parts(self) -> None:
         content = [{"type": "text", "text": "abc"}, {"type": "text", "text": "de"}]
         assert prompt_chars(request(messages=({"role": "user", "content": content},))) == 5
+
+
+def test_a_pre_rendered_chat_prompt_gives_the_same_result(qwen_assets: ModelAssets) -> None:
+    req = request()
+    rendered = rendered_chat(req, qwen_assets)
+    assert prepare(req, qwen_assets, rendered) == prepare(req, qwen_assets)

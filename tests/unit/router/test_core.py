@@ -89,6 +89,74 @@ class TestKvRouting:
         assert picks == {"a", "b", "c"}
 
 
+class TestInflightOverlap:
+    """A prefix that requests routed to a worker are computing counts as overlap there."""
+
+    def _with_a_in_flight(self, **kw: object) -> RoutingCore:
+        core = _core(**kw)
+        core.commit(core.decide(_gen("a"), _cards("w1"), now=0, rng=RNG), 0)
+        core.on_phase(RequestPhase(request_id="a", worker_id="w1", phase="prefill_done"))
+        return core  # w1 computed PREFIX; its KV events have not reached the index yet
+
+    def test_it_goes_where_its_prefix_is_being_computed_before_any_kv_event(self) -> None:
+        core = self._with_a_in_flight()
+        suffixed = _gen("b", (*PREFIX, 1, 2, 3))
+        for seed in range(20):
+            decision = core.decide(suffixed, _cards("w1", "w2"), now=0, rng=random.Random(seed))
+            assert (decision.worker_id, decision.overlap_blocks, decision.prefill_tokens) == (
+                "w1",
+                8,
+                3,
+            )
+        w1 = decision.candidates[0]
+        assert (w1.overlap_blocks, w1.inflight_blocks, w1.prefill_blocks) == (8, 8, 3 / 16)
+
+    def test_a_burst_sharing_a_new_prefix_joins_it_rather_than_an_idle_worker(self) -> None:
+        core = _core()  # a is still prefilling PREFIX on w1; w2 is idle
+        core.commit(core.decide(_gen("a"), _cards("w1"), now=0, rng=RNG), 0)
+        for seed in range(20):
+            decision = core.decide(
+                _gen("b", (*PREFIX, 1, 2, 3)), _cards("w1", "w2"), now=0, rng=random.Random(seed)
+            )
+            assert (decision.worker_id, decision.prefill_tokens) == ("w1", 3)
+        w1, w2 = decision.candidates
+        assert w1.prefill_blocks == 3 / 16  # a's pending prefix prefill is no queue
+        assert w1.cost < w2.cost
+
+    def test_switched_off_a_burst_spreads_and_recomputes_the_prefix(self) -> None:
+        core = _core(inflight_overlap=False)
+        core.commit(core.decide(_gen("a"), _cards("w1"), now=0, rng=RNG), 0)
+        decision = core.decide(_gen("b", (*PREFIX, 1, 2, 3)), _cards("w1", "w2"), now=0, rng=RNG)
+        assert (decision.worker_id, decision.prefill_tokens) == ("w2", 131)
+
+    def test_cached_overlap_is_not_counted_twice(self) -> None:
+        core = self._with_a_in_flight()
+        core.sync.index.store("w1", prefix_hashes(PREFIX, 16)[:5])
+        w1 = core.decide(_gen("b"), _cards("w1"), now=0, rng=RNG).candidates[0]
+        assert (w1.overlap_blocks, w1.inflight_blocks) == (8, 3)
+
+    def test_only_its_own_tokens_load_the_worker_with_prefill(self) -> None:
+        core = _core()
+        core.commit(core.decide(_gen("a"), _cards("w1"), now=0, rng=RNG), 0)
+        core.commit(core.decide(_gen("b", (*PREFIX, 1, 2, 3)), _cards("w1"), now=0, rng=RNG), 0)
+        assert core.load.prefill_tokens("w1") == 128 + 3
+
+    def test_switched_off_only_the_index_counts(self) -> None:
+        core = self._with_a_in_flight(inflight_overlap=False)
+        picks = set()
+        for seed in range(40):
+            decision = core.decide(_gen("b"), _cards("w1", "w2"), now=0, rng=random.Random(seed))
+            assert (decision.overlap_blocks, decision.candidates[0].inflight_blocks) == (0, 0)
+            picks.add(decision.worker_id)
+        assert picks == {"w1", "w2"}  # equal costs: the prefix in flight on w1 earns nothing
+
+    def test_round_robin_reports_none(self) -> None:
+        core = RoutingCore(CoreSettings(mode="round-robin"))
+        core.commit(core.decide(_gen("a"), _cards("w1"), now=0, rng=RNG), 0)
+        decision = core.decide(_gen("b"), _cards("w1"), now=0, rng=RNG)
+        assert decision.candidates[0].inflight_blocks == 0
+
+
 class TestLoadAccounting:
     def test_prefill_leaves_at_prefill_done_and_blocks_at_finished(self) -> None:
         core = _core()
@@ -215,6 +283,8 @@ class TestApproximateMode:
         core.approx.ttl_s = 100
         core.commit(core.decide(_gen("a"), _cards("w1"), now=0, rng=RNG), 0)
         core.commit(core.decide(_gen("b"), _cards("w1"), now=90, rng=RNG), 90)
+        for rid in ("a", "b"):  # finished: no in-flight overlap left, only the assumed cache
+            core.on_phase(RequestPhase(request_id=rid, worker_id="w1", phase="finished"))
         core.sweep(150)
         assert core.decide(_gen("c"), _cards("w1"), now=150, rng=RNG).overlap_blocks == 8
         core.sweep(191)
