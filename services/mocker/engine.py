@@ -80,10 +80,6 @@ class Engine:
     def num_running(self) -> int:
         return len(self._running)
 
-    @property
-    def active_kv_tokens(self) -> int:
-        return sum(s.num_computed for s in self._running)
-
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._by_id
 
@@ -164,12 +160,15 @@ class Engine:
         """Schedule within the budget, compute each scheduled chunk, emit completed requests."""
         emissions: list[Emission] = []
         prefill_tokens = decode_seqs = 0
+        decode_kv = emit_kv = 0  # KV tokens the step's decodes (or all its emitters) attend to
         for seq, n, decoding in self._schedule():
             if decoding:
                 decode_seqs += 1
+                decode_kv += seq.num_computed
             else:
                 prefill_tokens += n  # a prompt chunk, or a recompute after preemption
             if seq.num_computed == seq.num_tokens:
+                emit_kv += seq.num_computed
                 emissions.append(self._emit(seq))
         duration_s = prefill_s = 0.0
         if self.config.speedup_ratio > 0:
@@ -177,7 +176,7 @@ class Engine:
             duration_s = self._timing.step_s(
                 prefill_tokens=prefill_tokens,
                 decode_seqs=len(emissions) if self.config.first_token_decodes else decode_seqs,
-                active_kv_tokens=self.active_kv_tokens,
+                active_kv_tokens=emit_kv if self.config.first_token_decodes else decode_kv,
                 total_kv_tokens=self.config.kv_capacity_tokens,
                 speedup_ratio=self.config.speedup_ratio,
             )

@@ -6,8 +6,10 @@ compare with Dynamo's mocker:
 
 - prefill_ms(t) = 4.209989e-07 * t**2 + 1.518344e-02 * t + 16.50142, ``t`` = new prompt tokens
   computed in the step across the batch (0 when there are none);
-- decode_ms(p) = max(1, -25.74 * p**2 + 54.01 * p + 5.74), ``p`` = active KV tokens / KV
-  capacity in tokens (capped at 1).
+- decode_ms(p) = max(1, -25.74 * p**2 + 54.01 * p + 5.74), ``p`` = the KV tokens of the
+  requests decoding in the step / KV capacity in tokens (capped at 1). A request whose prefill
+  completes in the step is not one of them: its cost is the prefill term (Dynamo 1.6.1 measured
+  this way, decision 005).
 
 Pure: no clock, no I/O. Every time is divided by the speedup ratio; a ratio of 0 means no delay.
 """

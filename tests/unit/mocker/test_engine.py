@@ -262,6 +262,19 @@ class TestDuration:
         extra = decode_s if first_token_decodes else 0.0
         assert out.duration_s == pytest.approx(out.prefill_s + extra)
 
+    def test_decode_time_counts_the_kv_of_the_decoding_requests_only(self) -> None:
+        """A request completing its prefill in a step adds prefill time, not decode KV."""
+        timing = PolynomialTiming()
+        engine = _engine(speedup_ratio=1.0, num_gpu_blocks=64)  # 1024 tokens of KV
+        engine.add("a", tuple(range(1, 101)), SamplingParams(max_tokens=8, ignore_eos=True))
+        engine.step()  # a: prefill, first token
+        engine.add("b", tuple(range(201, 601)), SamplingParams(max_tokens=8, ignore_eos=True))
+        out = engine.step()  # b: 400-token prefill; a: one decode over its 101 tokens
+        expected = timing.prefill_ms(400) + timing.decode_ms(101, 1024)
+        assert out.duration_s == pytest.approx(expected / 1000)
+        out = engine.step()  # both decode: 102 + 401 tokens
+        assert out.duration_s == pytest.approx(timing.decode_ms(102 + 401, 1024) / 1000)
+
     def test_a_chunk_that_completes_no_prefill_pays_no_decode(self) -> None:
         engine = _engine(speedup_ratio=1.0, max_num_batched_tokens=64, first_token_decodes=True)
         engine.add("r", tuple(range(1, 101)), SamplingParams(max_tokens=4))
