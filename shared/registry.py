@@ -23,6 +23,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import (
     BadRequestError,
     BucketNotFoundError,
+    KeyWrongLastSequenceError,
     NotFoundError,
     ObjectNotFoundError,
 )
@@ -247,11 +248,27 @@ class ModelFiles:
 # --- writer side (workers) -----------------------------------------------------------------------
 
 
+UPLOAD_LEASE_S = 30.0
+"""How long another worker waits for the upload it leases; after that it uploads itself."""
+UPLOAD_POLL_S = 0.05
+
+
 async def publish_model(
-    js: JetStreamContext, subjects: Subjects, card: ModelCard, model_dir: Path
+    js: JetStreamContext,
+    subjects: Subjects,
+    card: ModelCard,
+    model_dir: Path,
+    *,
+    lease_s: float = UPLOAD_LEASE_S,
 ) -> None:
-    """Upload the model's files (only those whose digest changed), then its card."""
+    """Upload the model's files (only those whose digest changed), then its card.
+
+    Workers of one model start together: a put over an object another worker is putting purges
+    the chunks a reader may be fetching, so each file content is uploaded by one worker (the
+    one that creates its lease in ``model_uploads_bucket``) while the others wait for it.
+    """
     store = await models_store(js, subjects)
+    leases = await open_kv(js, subjects.model_uploads_bucket, lease_s)
     names: list[str] = []
     for file in MODEL_FILES:
         path = model_dir / file
@@ -259,7 +276,7 @@ async def publish_model(
             continue
         names.append(file)
         data = path.read_bytes()
-        await _put_if_changed(store, object_name(card.model, file), data)
+        await _put_if_changed(store, leases, object_name(card.model, file), data, lease_s)
     stored = ModelCard(
         model=card.model,
         context_length=card.context_length,
@@ -267,19 +284,47 @@ async def publish_model(
         files=tuple(names),
         created=card.created,
     )
-    await _put_if_changed(store, object_name(card.model, CARD), codec.encode(stored))
+    await _put_if_changed(
+        store, leases, object_name(card.model, CARD), codec.encode(stored), lease_s
+    )
 
 
-async def _put_if_changed(store: ObjectStore, name: str, data: bytes) -> None:
-    digest = "SHA-256=" + _b64url(hashlib.sha256(data).digest())
+async def _put_if_changed(
+    store: ObjectStore, leases: KeyValue, name: str, data: bytes, lease_s: float
+) -> None:
+    digest = content_digest(data)
+    if await _stored_digest(store, name) == digest:
+        return
     try:
-        info = await store.get_info(name)
-        if info.digest == digest:
-            return
-    except (ObjectNotFoundError, NotFoundError):
-        pass
+        await leases.create(upload_lease_key(name, digest), b"")
+    except KeyWrongLastSequenceError:  # another worker is uploading this very content
+        deadline = time.monotonic() + lease_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(UPLOAD_POLL_S)
+            if await _stored_digest(store, name) == digest:
+                return
+        log.warning("model_upload_lease_expired", name=name)
     await store.put(name, data)
     log.info("model_file_uploaded", name=name, size=len(data))
+
+
+def upload_lease_key(name: str, digest: str) -> str:
+    """The lease key of uploading ``digest`` content as object ``name``."""
+    return hashlib.sha256(f"{name}\n{digest}".encode()).hexdigest()
+
+
+def content_digest(data: bytes) -> str:
+    """An object's digest as the object store reports it (``SHA-256=`` + base64url)."""
+    return "SHA-256=" + _b64url(hashlib.sha256(data).digest())
+
+
+async def _stored_digest(store: ObjectStore, name: str) -> str | None:
+    try:
+        info = await store.get_info(name)
+    except (ObjectNotFoundError, NotFoundError):
+        return None
+    digest: str | None = info.digest
+    return digest
 
 
 def _b64url(raw: bytes) -> str:

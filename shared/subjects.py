@@ -152,6 +152,11 @@ class Subjects:
         """Object store of model cards and tokenizer files, ``<model>/<file>``."""
         return f"{self.namespace}_models"
 
+    @property
+    def model_uploads_bucket(self) -> str:
+        """KV bucket of upload leases: one worker uploads a given file content, others wait."""
+        return f"{self.namespace}_model_uploads"
+
 
 def request_id_of(subject: str) -> str:
     """The last token of a per-request subject (``stream`` / ``reply``)."""

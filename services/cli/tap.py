@@ -14,14 +14,14 @@ import signal
 import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy, StreamInfo, StreamsListIterator
 
 from services.cli import tapformat
 from shared.config import DEFAULT_NATS_URL, env, env_help
@@ -231,7 +231,7 @@ async def _replay(nc: Client, options: TapOptions, printer: _Printer) -> None:
     """One ordered consumer per (stream, subject) from the start time or sequence."""
     js = nc.jetstream()
     try:
-        infos = await js.streams_info()
+        infos = await _all_streams(js)
     except nats.js.errors.Error as exc:
         raise _TapError(f"cannot list JetStream streams: {exc}") from exc
     streams = [(i.config.name, list(i.config.subjects or [])) for i in infos if i.config.name]
@@ -242,6 +242,18 @@ async def _replay(nc: Client, options: TapOptions, printer: _Printer) -> None:
         for name, subjects in held:
             filters = tapformat.stream_filters(pattern, subjects)
             await _replay_stream(js, name, pattern, filters, options, printer)
+
+
+async def _all_streams(js: nats.js.JetStreamContext) -> list[StreamInfo]:
+    """Every stream's info: the server lists them a page (256) at a time."""
+    infos: list[StreamInfo] = []
+    while True:
+        # nats-py annotates it as a plain Iterable; it is the page with the stream total
+        page = cast(StreamsListIterator, await js.streams_info_iterator(offset=len(infos)))
+        before = len(infos)
+        infos.extend(page)
+        if len(infos) >= page.total or len(infos) == before:
+            return infos
 
 
 async def _replay_stream(

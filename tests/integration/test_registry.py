@@ -1,12 +1,23 @@
-"""Registry buckets: services that start together may all create them at once."""
+"""Registry buckets and model uploads: services that start together may all do them at once."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from pathlib import Path
 
+import structlog
 from nats.aio.client import Client
 
-from shared.registry import open_kv, open_object_store
+from shared.messages import ModelCard
+from shared.registry import (
+    ModelFiles,
+    content_digest,
+    open_kv,
+    open_object_store,
+    publish_model,
+    upload_lease_key,
+)
 from shared.subjects import Subjects
 
 
@@ -26,3 +37,43 @@ async def test_concurrent_creators_share_one_object_store(nc: Client, subjects: 
     stores = await asyncio.gather(*(open_object_store(js, subjects.models_store) for _ in range(8)))
     await stores[0].put("f", b"data")
     assert [(await s.get("f")).data for s in stores] == [b"data"] * 8
+
+
+def _tiny_model(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text('{"vocab_size": 10}')
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    return tmp_path
+
+
+async def test_workers_starting_together_upload_each_file_once(
+    nc: Client, subjects: Subjects, tmp_path: Path
+) -> None:
+    """A second put of an object purges the chunks a reader may be fetching: one uploads."""
+    card = ModelCard(model="m/tiny", context_length=64, eos_token_ids=(1,))
+    model_dir = _tiny_model(tmp_path)
+    with structlog.testing.capture_logs() as logs:
+        await asyncio.gather(
+            *(publish_model(nc.jetstream(), subjects, card, model_dir) for _ in range(4))
+        )
+    uploaded = sorted(e["name"] for e in logs if e["event"] == "model_file_uploaded")
+    assert uploaded == ["m/tiny/card", "m/tiny/config.json", "m/tiny/tokenizer_config.json"]
+    files = ModelFiles(nc.jetstream(), subjects)
+    assert await files.get("m/tiny", "config.json") == b'{"vocab_size": 10}'
+
+
+async def test_a_lease_whose_uploader_died_is_waited_out(
+    nc: Client, subjects: Subjects, tmp_path: Path
+) -> None:
+    card = ModelCard(model="m/orphan", context_length=64, eos_token_ids=(1,))
+    model_dir = _tiny_model(tmp_path)
+    leases = await open_kv(nc.jetstream(), subjects.model_uploads_bucket, 0.5)
+    data = (model_dir / "config.json").read_bytes()
+    await leases.create(upload_lease_key("m/orphan/config.json", content_digest(data)), b"")
+    started = time.monotonic()
+    with structlog.testing.capture_logs() as logs:
+        await publish_model(nc.jetstream(), subjects, card, model_dir, lease_s=0.5)
+    assert time.monotonic() - started >= 0.5
+    events = [(e["event"], e["name"]) for e in logs if e["event"].startswith("model_")]
+    assert ("model_upload_lease_expired", "m/orphan/config.json") in events
+    assert ("model_file_uploaded", "m/orphan/config.json") in events
+    assert await ModelFiles(nc.jetstream(), subjects).get("m/orphan", "config.json") == data

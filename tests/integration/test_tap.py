@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import nats
 import pytest
+from nats.js.api import StorageType
 
 from services.cli.tap import TapOptions, tap
 from shared import codec
@@ -85,3 +86,30 @@ async def test_count_not_reached_before_the_timeout_exits_1(
         subjects=(subjects.kv_events_all,), nats_url=nats_url, since_seq=1, count=5, timeout_s=1
     )
     assert (code, len(lines)) == (1, 3)
+
+
+async def test_replay_finds_streams_past_the_first_page_of_the_stream_list(
+    nats_url: str, subjects: Subjects
+) -> None:
+    """The server lists streams 256 at a time; every stream holding the subjects is replayed."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        for i in range(260):
+            await js.add_stream(
+                name=f"{subjects.namespace}_many_{i:03d}",
+                subjects=[f"{subjects.namespace}.v1.many.{i}"],
+                storage=StorageType.MEMORY,
+            )
+            await js.publish(f"{subjects.namespace}.v1.many.{i}", codec.encode(AllBlocksCleared()))
+    finally:
+        await nc.close()
+    code, lines = await _tap(
+        subjects=(f"{subjects.namespace}.v1.many.*",),
+        nats_url=nats_url,
+        since_seq=1,
+        count=260,
+        timeout_s=20,
+    )
+    assert (code, len(lines)) == (0, 260)
+    assert len({ln["subject"] for ln in lines}) == 260
