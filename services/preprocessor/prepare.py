@@ -38,11 +38,14 @@ def prepare(req: Preprocess, assets: ModelAssets, rendered: str | None = None) -
     ``rendered``: the chat prompt ``rendered_chat`` already made for this request, if any.
     """
     if req.api == "chat":
-        messages = chat_template.normalize_messages(req.messages)
         if rendered is None:
-            rendered = render_chat(req, messages, assets)
+            rendered = rendered_chat(req, assets)
         token_ids = tuple(assets.encode(rendered, add_special_tokens=False))
-        echo = _chat_echo(req, messages) if req.output.echo else ""
+        echo = (
+            _chat_echo(req, chat_template.normalize_messages(req.messages))
+            if req.output.echo
+            else ""
+        )
     elif req.prompt_token_ids is not None:
         token_ids = check_token_ids(req.prompt_token_ids, assets.vocab_size)
         echo = assets.decode(token_ids) if req.output.echo else ""
