@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -15,10 +14,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 
-from services.mocker.config import MockerConfig
-from services.mocker.service import Mocker, ModelInfo
+from services.mocker.service import ModelInfo
 from shared import codec
-from shared.bus import connect
 from shared.hashing import prefix_hashes
 from shared.kv_stream import ensure_kv_stream
 from shared.messages import (
@@ -36,29 +33,12 @@ from shared.messages import (
 )
 from shared.model_dir import DEFAULT_MODEL_NAME, bundled_tokenizer_dir
 from shared.subjects import Subjects
+from tests.integration.mocker_support import running_mocker
 
 pytestmark = pytest.mark.skipif(bundled_tokenizer_dir() is None, reason="no Qwen3 tokenizer")
 
 BS = 16
 PROMPT = tuple(range(100, 140))  # 40 tokens: 2 full blocks
-
-
-@asynccontextmanager
-async def running_mocker(
-    nats_url: str, subjects: Subjects, model: ModelInfo, **overrides: Any
-) -> AsyncIterator[Mocker]:
-    settings: dict[str, Any] = {"speedup_ratio": 0.0, "shutdown_grace_s": 1.0, **overrides}
-    config = MockerConfig(
-        nats_url=nats_url, namespace=subjects.namespace, model_path=model.model_dir, **settings
-    )
-    nc = await connect(nats_url, name="test-mocker")
-    mocker = Mocker(config, nc, model=model)
-    await mocker.start()
-    try:
-        yield mocker
-    finally:
-        await mocker.stop()
-        await nc.drain()
 
 
 async def _dump(nc: Client, subjects: Subjects, worker_id: str) -> KvDump:

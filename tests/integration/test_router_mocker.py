@@ -15,7 +15,6 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from services.mocker.config import MockerConfig
 from services.mocker.service import Mocker, ModelInfo
 from services.mocker.timing import PolynomialTiming
 from services.router.config import RouterConfig
@@ -32,6 +31,7 @@ from shared.messages import (
 )
 from shared.model_dir import DEFAULT_MODEL_NAME, bundled_tokenizer_dir
 from shared.subjects import Subjects
+from tests.integration import mocker_support
 
 pytestmark = pytest.mark.skipif(bundled_tokenizer_dir() is None, reason="no Qwen3 tokenizer")
 
@@ -43,20 +43,16 @@ PROMPT = tuple(range(100, 140))
 async def running_mocker(
     nats_url: str, subjects: Subjects, model: ModelInfo, **overrides: Any
 ) -> AsyncIterator[Mocker]:
-    settings: dict[str, Any] = {"speedup_ratio": 0.0, "shutdown_grace_s": 1.0, **overrides}
-    config = MockerConfig(
-        nats_url=nats_url, namespace=subjects.namespace, model_path=model.model_dir, **settings
-    )
-    nc = await connect(nats_url, name="test-mocker")
-    mocker = Mocker(config, nc, model=model)
-    await mocker.start()
-    for worker in mocker.workers:
-        await _until_answered(nats_url, subjects.generate(worker.worker_id), subjects)
-    try:
+    """The shared running mocker, once every worker answers its generate subject."""
+
+    async def answered(mocker: Mocker) -> None:
+        for worker in mocker.workers:
+            await _until_answered(nats_url, subjects.generate(worker.worker_id), subjects)
+
+    async with mocker_support.running_mocker(
+        nats_url, subjects, model, ready=answered, **overrides
+    ) as mocker:
         yield mocker
-    finally:
-        await mocker.stop()
-        await nc.drain()
 
 
 @asynccontextmanager
