@@ -1,8 +1,12 @@
-"""Typed expected failures: stable codes, HTTP status, OpenAI error type, ``RequestFailed``."""
+"""Typed expected failures: one stable ``code``, HTTP ``status`` and OpenAI ``type`` each.
+
+A service raises a ``ServiceError`` subclass; the handler boundary sends it on as
+``RequestFailed`` (``to_message``); the gateway rebuilds it with ``from_message``, keeping the
+remote ``code``, ``status`` and ``type``, so an error is logged, counted and answered under the
+same name at every hop.
+"""
 
 from __future__ import annotations
-
-from typing import ClassVar
 
 import msgspec
 
@@ -10,12 +14,18 @@ from shared.messages import RequestFailed
 
 
 class ServiceError(Exception):
-    """Base for expected failures. ``code`` is stable; the message is for humans."""
+    """Base for expected failures. ``code`` is stable; the message is for humans.
 
-    code: ClassVar[str] = "internal_error"
-    http_status: ClassVar[int] = 500
-    error_type: ClassVar[str] = "internal_server_error"
-    retryable: ClassVar[bool] = False
+    Subclasses set ``code``, ``status`` and ``type`` as class attributes; an error rebuilt from
+    the bus (``from_message``) carries the remote values on the instance.
+    """
+
+    code: str = "internal_error"
+    status: int = 500
+    """The HTTP status (gRPC maps the same codes to its own status in one table)."""
+    type: str = "internal_server_error"
+    """The OpenAI error ``type``."""
+    retryable: bool = False
 
     def __init__(
         self, message: str, *, param: str | None = None, retry_after_s: float | None = None
@@ -25,26 +35,11 @@ class ServiceError(Exception):
         self.param = param
         self.retry_after_s = retry_after_s
 
-    @property
-    def status(self) -> int:
-        """The HTTP status (a remote error keeps the one its service chose)."""
-        return self.http_status
-
-    @property
-    def wire_code(self) -> str:
-        """The stable code clients see."""
-        return self.code
-
-    @property
-    def wire_type(self) -> str:
-        """The OpenAI error ``type``."""
-        return self.error_type
-
     def to_message(self, request_id: str) -> RequestFailed:
         """The bus form of this error, for the request's reply subject."""
         return RequestFailed(
             request_id=request_id,
-            code=self.wire_code,
+            code=self.code,
             message=self.message,
             status=self.status,
             retry_after_s=self.retry_after_s,
@@ -53,16 +48,8 @@ class ServiceError(Exception):
 
     def body(self) -> bytes:
         """The OpenAI error envelope ``{"error": {"message", "type", "code", "param"}}``."""
-        return msgspec.json.encode(
-            {
-                "error": {
-                    "message": self.message,
-                    "type": self.wire_type,
-                    "code": self.wire_code,
-                    "param": self.param,
-                }
-            }
-        )
+        error = {"message": self.message, "type": self.type, "code": self.code, "param": self.param}
+        return msgspec.json.encode({"error": error})
 
     def headers(self) -> dict[str, str]:
         """Extra HTTP headers (``Retry-After`` for retryable errors)."""
@@ -73,8 +60,8 @@ class ServiceError(Exception):
 
 class InvalidRequest(ServiceError):
     code = "invalid_request"
-    http_status = 400
-    error_type = "invalid_request_error"
+    status = 400
+    type = "invalid_request_error"
 
 
 class ContextLengthExceeded(InvalidRequest):
@@ -94,8 +81,8 @@ class ContextLengthExceeded(InvalidRequest):
 
 class ModelNotFound(ServiceError):
     code = "model_not_found"
-    http_status = 404
-    error_type = "not_found_error"
+    status = 404
+    type = "not_found_error"
 
     def __init__(self, model: str) -> None:
         super().__init__(f"The model `{model}` does not exist.", param="model")
@@ -104,59 +91,52 @@ class ModelNotFound(ServiceError):
 
 class NotFound(ServiceError):
     code = "not_found"
-    http_status = 404
-    error_type = "not_found_error"
+    status = 404
+    type = "not_found_error"
 
 
-class NoWorkerAvailable(ServiceError):
-    code = "no_worker_available"
-    http_status = 503
-    error_type = "service_unavailable"
+class _Unavailable(ServiceError):
+    """Retryable 503s: ``Retry-After`` defaults to one second."""
+
+    status = 503
+    type = "service_unavailable"
     retryable = True
 
     def __init__(self, message: str, *, retry_after_s: float | None = 1.0) -> None:
         super().__init__(message, retry_after_s=retry_after_s)
 
 
-class ServiceUnavailable(ServiceError):
+class NoWorkerAvailable(_Unavailable):
+    code = "no_worker_available"
+
+
+class ServiceUnavailable(_Unavailable):
     """A hop has no live instance (NATS answered "no responders")."""
 
     code = "service_unavailable"
-    http_status = 503
-    error_type = "service_unavailable"
-    retryable = True
-
-    def __init__(self, message: str, *, retry_after_s: float | None = 1.0) -> None:
-        super().__init__(message, retry_after_s=retry_after_s)
 
 
 class ShuttingDown(ServiceUnavailable):
     code = "shutting_down"
 
 
-class AllWorkersBusy(ServiceError):
+class AllWorkersBusy(_Unavailable):
     """Every live worker of the model is over a busy threshold (Dynamo's load shedding)."""
 
     code = "all_workers_busy"
-    http_status = 503
-    error_type = "service_unavailable"
-    retryable = True
-
-    def __init__(self, message: str, *, retry_after_s: float | None = 1.0) -> None:
-        super().__init__(message, retry_after_s=retry_after_s)
 
 
 class AllWorkersOverloaded(AllWorkersBusy):
     """``AllWorkersBusy`` answered with 529, as Dynamo does (``--busy-status 529``)."""
 
-    http_status = 529
-    error_type = "overloaded_error"
+    status = 529
+    type = "overloaded_error"
 
 
 class UpstreamTimeout(ServiceError):
     code = "timeout"
-    http_status = 504
-    error_type = "timeout"
+    status = 504
+    type = "timeout"
     retryable = True
 
 
@@ -164,59 +144,32 @@ class InternalError(ServiceError):
     pass
 
 
-_BY_CODE: dict[str, type[ServiceError]] = {}
+def _known_types() -> dict[str, str]:
+    """``code`` → OpenAI ``type`` of every error class defined so far (first definer wins)."""
+    found: dict[str, str] = {}
+    pending: list[type[ServiceError]] = [ServiceError]
+    while pending:
+        cls = pending.pop(0)
+        found.setdefault(cls.code, cls.type)
+        pending.extend(cls.__subclasses__())
+    return found
 
 
-def _register(cls: type[ServiceError]) -> None:
-    _BY_CODE.setdefault(cls.code, cls)
-    for sub in cls.__subclasses__():
-        _register(sub)
+_STATUS_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
 
 
-_register(ServiceError)
-
-
-class RemoteError(ServiceError):
-    """A failure reported by another service, rebuilt at the gateway with its own status/code."""
-
-    def __init__(self, failed: RequestFailed) -> None:
-        super().__init__(failed.message, param=failed.param, retry_after_s=failed.retry_after_s)
-        self._code = failed.code
-        self._status = failed.status
-        known = _BY_CODE.get(failed.code)
-        self._type = known.error_type if known else _type_for_status(failed.status)
-
-    @property
-    def remote_code(self) -> str:
-        return self._code
-
-    @property
-    def status(self) -> int:
-        return self._status
-
-    @property
-    def wire_code(self) -> str:
-        return self._code
-
-    @property
-    def wire_type(self) -> str:
-        return self._type
-
-
-def _type_for_status(status: int) -> str:
-    return {
-        400: "invalid_request_error",
-        404: "not_found_error",
-        503: "service_unavailable",
-        504: "timeout",
-    }.get(status, "internal_server_error")
-
-
-def http_status_of(exc: ServiceError) -> int:
-    """The HTTP status for any ServiceError, remote ones included."""
-    return exc.status
-
-
-def from_message(failed: RequestFailed) -> RemoteError:
-    """Rebuild a typed error from its bus form (keeps the remote code and status)."""
-    return RemoteError(failed)
+def from_message(failed: RequestFailed) -> ServiceError:
+    """Rebuild a typed error from its bus form, keeping the remote code, status and type."""
+    error = ServiceError(failed.message, param=failed.param, retry_after_s=failed.retry_after_s)
+    error.code = failed.code
+    error.status = failed.status
+    error.type = _known_types().get(failed.code) or _STATUS_TYPES.get(
+        failed.status, ServiceError.type
+    )
+    error.retryable = failed.retry_after_s is not None
+    return error

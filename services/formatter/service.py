@@ -351,7 +351,7 @@ class FormatterService:
             await self._nc.publish(
                 self._subjects.cancel, codec.encode(Cancel(request_id=request_id, reason=reason))
             )
-        log.warning("request_failed", request_id=request_id, code=exc.code, status=exc.http_status)
+        log.warning("request_failed", request_id=request_id, code=exc.code, status=exc.status)
 
     async def _sweep_idle(self) -> None:
         timeout_s = self._config.idle_timeout_s

@@ -9,8 +9,8 @@ from __future__ import annotations
 import structlog
 
 from services.gateway.context import note_error
-from services.gateway.errors import MethodNotAllowed, error_code
-from shared.errors import InternalError, InvalidRequest, NotFound, ServiceError, http_status_of
+from services.gateway.errors import MethodNotAllowed
+from shared.errors import InternalError, InvalidRequest, NotFound, ServiceError
 
 log = structlog.get_logger(__name__)
 
@@ -19,8 +19,8 @@ ErrorParts = tuple[int, bytes, dict[str, str]]
 
 def service_error(exc: ServiceError) -> ErrorParts:
     """Any expected failure as its OpenAI error body, status and ``Retry-After``."""
-    status = http_status_of(exc)
-    code = error_code(exc)
+    status = exc.status
+    code = exc.code
     note_error(code)
     if status >= 500:
         log.warning("request_failed", code=code, status=status, message=exc.message)

@@ -27,7 +27,7 @@ from services.gateway import sse
 from services.gateway.bus import GatewayBus, Reply
 from services.gateway.config import GatewayConfig
 from services.gateway.context import current_request, note_error
-from services.gateway.errors import ClientDisconnected, error_code
+from services.gateway.errors import ClientDisconnected
 from services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from services.gateway.translate import (
     chat_to_preprocess,
@@ -227,7 +227,7 @@ class Relay:
 
 def note_stream_failure(exc: ServiceError) -> None:
     """Record and log a failure that ended a stream after its headers went out."""
-    code = error_code(exc)
+    code = exc.code
     note_error(code)
     log.warning("stream_failed", code=code, message=exc.message)
 

@@ -46,7 +46,6 @@ from shared.errors import (
     ServiceUnavailable,
     UpstreamTimeout,
     from_message,
-    http_status_of,
 )
 from shared.messages import (
     Cancel,
@@ -158,9 +157,7 @@ class Preprocessor:
                 prepared = await self._handle(req)
             except ServiceError as exc:
                 self.metrics.error(exc.code)
-                log.warning(
-                    "request_failed", code=exc.code, status=http_status_of(exc), error=exc.message
-                )
+                log.warning("request_failed", code=exc.code, status=exc.status, error=exc.message)
                 await self._reply(req.reply_to, exc.to_message(req.request_id))
             except Exception:  # the handler boundary: log once, answer 500
                 self.metrics.error(InternalError.code)

@@ -5,19 +5,19 @@ from __future__ import annotations
 import msgspec
 
 from services.gateway import sse
-from services.gateway.errors import ClientDisconnected, error_code
-from shared.errors import UpstreamTimeout, from_message, http_status_of
+from services.gateway.errors import ClientDisconnected
+from shared.errors import UpstreamTimeout, from_message
 from shared.messages import RequestFailed
 
 
 def test_remote_failure_keeps_its_code_and_status() -> None:
     failed = RequestFailed(request_id="r", code="no_worker_available", message="m", status=503)
     error = from_message(failed)
-    assert (error_code(error), http_status_of(error)) == ("no_worker_available", 503)
+    assert (error.code, error.status) == ("no_worker_available", 503)
 
 
 def test_local_error_code_is_its_class_code() -> None:
-    assert error_code(ClientDisconnected("gone")) == "client_disconnected"
+    assert ClientDisconnected("gone").code == "client_disconnected"
 
 
 def test_error_frame_is_one_sse_event_with_the_openai_error() -> None:

@@ -23,7 +23,7 @@ from services.gateway.config import GatewayConfig
 from services.gateway.errors import DuplicateRequestId
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.routes import Readiness
-from shared.errors import ModelNotFound, NoWorkerAvailable, RemoteError
+from shared.errors import ModelNotFound, NoWorkerAvailable, from_message
 from shared.messages import Preprocess, RequestFailed, ResponseChunk
 from tests.unit.gateway.test_app import CHAT, FakeBus
 
@@ -66,10 +66,10 @@ SCENARIOS = {
     ),
     "completion_bad": Scenario(path="/v1/completions", body=[b'{"model": "m"}']),
     "body_in_parts": Scenario(body=[STREAM_BODY[:10], STREAM_BODY[10:]], script=[DONE]),
-    "stream_fails_midway": Scenario(body=[STREAM_BODY], script=[CHUNK, RemoteError(FAILED)]),
+    "stream_fails_midway": Scenario(body=[STREAM_BODY], script=[CHUNK, from_message(FAILED)]),
     "stream_goes_idle": Scenario(body=[STREAM_BODY], script=[CHUNK]),
     "first_event_timeout": Scenario(),
-    "early_failure_with_retry_after": Scenario(script=[RemoteError(FAILED)]),
+    "early_failure_with_retry_after": Scenario(script=[from_message(FAILED)]),
     "invalid_json": Scenario(body=[b"{"], headers=[(b"x-request-id", b"mine")]),
     "model_not_found": Scenario(check_error=ModelNotFound("m")),
     "no_worker": Scenario(check_error=NoWorkerAvailable("none", retry_after_s=1.0)),

@@ -171,7 +171,7 @@ class TestEnvironment:
         source += "{% endif %}"
         with pytest.raises(InvalidRequest, match="roles must alternate") as info:
             render(source, [{"role": "assistant", "content": "x"}])
-        assert info.value.http_status == 400
+        assert info.value.status == 400
 
     def test_sandbox_blocks_mutation(self) -> None:
         with pytest.raises(InvalidRequest, match="chat template error"):

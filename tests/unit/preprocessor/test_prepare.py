@@ -75,7 +75,7 @@ class TestResolveMaxTokens:
     def test_prompt_filling_the_context_leaves_no_room(self) -> None:
         with pytest.raises(ContextLengthExceeded) as info:
             resolve_max_tokens(None, prompt_tokens=4096, context_length=4096)
-        assert info.value.http_status == 400
+        assert info.value.status == 400
 
     def test_zero_max_tokens_is_rejected(self) -> None:
         with pytest.raises(InvalidRequest, match="at least 1"):

@@ -224,7 +224,7 @@ class TestBusy:
         core.on_load(WorkerLoad(worker_id="w1", prefill_tokens=5000), now=0)
         with pytest.raises(AllWorkersBusy, match="busy") as info:
             core.decide(_gen(), _cards("w1"), now=0, rng=RNG)
-        assert (info.value.http_status, info.value.retry_after_s) == (status, 2.0)
+        assert (info.value.status, info.value.retry_after_s) == (status, 2.0)
         assert info.value.headers() == {"Retry-After": "2"}
 
     def test_busy_mark_expires_when_reports_stop(self) -> None:

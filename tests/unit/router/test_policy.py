@@ -74,7 +74,7 @@ class TestRandom:
 def test_no_live_worker_raises_no_worker_available(mode: str) -> None:
     with pytest.raises(NoWorkerAvailable, match="no live worker") as info:
         select_worker(build_policy(mode, seed=1), _gen(), [])
-    assert info.value.http_status == 503
+    assert info.value.status == 503
     assert info.value.retry_after_s == 1.0
 
 
@@ -88,7 +88,7 @@ class TestPinnedWorker:
     def test_pinned_worker_that_is_not_live_is_not_found(self) -> None:
         with pytest.raises(NotFound, match="w9") as info:
             select_worker(RoundRobin(), _gen(worker_id="w9"), _cards("w1"))
-        assert info.value.http_status == 404
+        assert info.value.status == 404
 
 
 def test_unknown_mode_is_rejected() -> None:
