@@ -248,7 +248,7 @@ class FormatterService:
     async def _on_stream(self, msg: Msg) -> None:
         try:
             # WorkerEvent is a union, not a class: codec.decode's type[T] cannot name it.
-            event: WorkerEvent = codec.decode(msg.data, WorkerEvent)  # type: ignore[arg-type]
+            event: WorkerEvent = codec.WORKER_EVENTS.decode(msg.data)
             state = self._states.get(event.request_id)
             if state is None:
                 self._hold(event, msg.data)

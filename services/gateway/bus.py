@@ -275,7 +275,7 @@ class GatewayBus:
             queue.put_nowait(ServiceUnavailable("No preprocessor is running."))
             return
         try:
-            event: GatewayEvent = codec.decode(msg.data, GatewayEvent)  # type: ignore[arg-type]
+            event: GatewayEvent = codec.GATEWAY_EVENTS.decode(msg.data)
         except codec.DecodeError as exc:
             log.warning("reply_undecodable", subject=msg.subject, error=str(exc))
             queue.put_nowait(InternalError("An upstream service sent an undecodable reply."))

@@ -146,7 +146,7 @@ async def send(nc: Client, subjects: Subjects) -> str:
 
 async def response(gateway: Subscription) -> ResponseChunk | RequestFailed:
     msg = await gateway.next_msg(timeout=TIMEOUT_S)
-    event: GatewayEvent = codec.decode(msg.data, GatewayEvent)  # type: ignore[arg-type]
+    event: GatewayEvent = codec.GATEWAY_EVENTS.decode(msg.data)
     return event
 
 

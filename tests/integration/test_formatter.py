@@ -131,7 +131,7 @@ async def collect(gateway: Subscription) -> list[ResponseChunk | RequestFailed]:
     events: list[ResponseChunk | RequestFailed] = []
     while True:
         msg = await gateway.next_msg(timeout=TIMEOUT_S)
-        event: GatewayEvent = codec.decode(msg.data, GatewayEvent)  # type: ignore[arg-type]
+        event: GatewayEvent = codec.GATEWAY_EVENTS.decode(msg.data)
         events.append(event)
         if isinstance(event, RequestFailed) or event.done:
             return events

@@ -117,7 +117,7 @@ async def send(nc: Client, subjects: Subjects, **fields: Any) -> str:
 
 async def failure_of(gateway: Subscription) -> RequestFailed:
     msg = await gateway.next_msg(timeout=10)
-    event: GatewayEvent = codec.decode(msg.data, GatewayEvent)  # type: ignore[arg-type]
+    event: GatewayEvent = codec.GATEWAY_EVENTS.decode(msg.data)
     assert isinstance(event, RequestFailed)
     return event
 

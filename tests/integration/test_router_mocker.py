@@ -121,7 +121,7 @@ class Stream:
     async def next(self, timeout_s: float = 5.0) -> WorkerEvent:
         msg = await self.raw(timeout_s)
         assert no_responders(msg) is None, f"no responders on {no_responders(msg)}"
-        return codec.decode(msg.data, WorkerEvent)  # type: ignore[arg-type]
+        return codec.WORKER_EVENTS.decode(msg.data)
 
     async def until_finished(self, timeout_s: float = 5.0) -> list[TokenBatch]:
         batches: list[TokenBatch] = []

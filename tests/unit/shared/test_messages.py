@@ -8,7 +8,6 @@ import pytest
 from shared import codec
 from shared.messages import (
     Cancel,
-    GatewayEvent,
     Generate,
     OutputOptions,
     Preprocess,
@@ -19,7 +18,6 @@ from shared.messages import (
     StreamOpened,
     TokenBatch,
     WorkerCard,
-    WorkerEvent,
 )
 
 GOLDEN = Path(__file__).parents[2] / "data" / "golden_messages.msgpack"
@@ -69,13 +67,13 @@ def test_every_message_round_trips(message: msgspec.Struct) -> None:
 def test_worker_events_decode_by_tag() -> None:
     batch = TokenBatch(request_id="r", token_ids=(1,))
     failed = RequestFailed(request_id="r", code="c", message="m")
-    assert codec.decode(codec.encode(batch), WorkerEvent) == batch
-    assert codec.decode(codec.encode(failed), WorkerEvent) == failed
+    assert codec.WORKER_EVENTS.decode(codec.encode(batch)) == batch
+    assert codec.WORKER_EVENTS.decode(codec.encode(failed)) == failed
 
 
 def test_gateway_events_reject_other_messages() -> None:
     with pytest.raises(msgspec.ValidationError):
-        codec.decode(codec.encode(Cancel(request_id="r")), GatewayEvent)
+        codec.GATEWAY_EVENTS.decode(codec.encode(Cancel(request_id="r")))
 
 
 def test_records_round_trip_without_tag() -> None:

@@ -1,0 +1,78 @@
+"""One lifecycle for every bus service: connect, build, start, serve until a signal, stop, drain.
+
+``serving`` is an ``AsyncExitStack``: whatever was set up is undone in reverse order, also when
+start-up fails half way. ``run_service`` serves until SIGINT/SIGTERM (or ``stop``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Protocol, TypeVar
+
+import nats.errors
+import structlog
+from nats.aio.client import Client
+
+from shared.bus import connect, wait_for_signal
+from shared.config import CommonConfig
+from shared.metrics import ServiceMetrics, serve_metrics
+
+log = structlog.get_logger(__name__)
+
+
+class Service(Protocol):
+    """What ``serving`` needs of a service: metrics to expose, and start/stop."""
+
+    @property
+    def service_metrics(self) -> ServiceMetrics: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Service)
+
+
+@asynccontextmanager
+async def serving(
+    config: CommonConfig, name: str, build: Callable[[Client], S]
+) -> AsyncIterator[S]:
+    """Connect, build the service on the connection, start it; stop and drain on the way out."""
+    async with AsyncExitStack() as stack:
+        nc = await connect(config.nats_url, name=f"jetserve-{name}")
+        stack.push_async_callback(_drain, nc)
+        service = build(nc)
+        serve_metrics(service.service_metrics, config.metrics_port)
+        await service.start()
+        stack.push_async_callback(_stop, service, name)
+        log.info("service_started", namespace=config.namespace)
+        yield service
+
+
+async def run_service(
+    config: CommonConfig,
+    name: str,
+    build: Callable[[Client], Service],
+    *,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM (or ``stop`` is set), then shut down gracefully."""
+    async with serving(config, name, build):
+        await wait_for_signal(stop)
+        log.info("shutdown_started")
+
+
+async def _stop(service: Service, name: str) -> None:
+    await service.stop()
+    log.info("service_stopped")
+
+
+async def _drain(nc: Client) -> None:
+    if nc.is_closed:
+        return
+    with contextlib.suppress(nats.errors.Error, TimeoutError):
+        await nc.drain()
