@@ -156,6 +156,10 @@ class ResponseChunk(Message, frozen=True):
 
     data: bytes
     done: bool = False
+    prompt_tokens: int = 0
+    """On the ``done`` chunk: the request's prompt tokens (for the gateway's access line)."""
+    completion_tokens: int = 0
+    """On the ``done`` chunk: the tokens generated."""
 
 
 class Cancel(Message, frozen=True):
