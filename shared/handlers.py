@@ -14,14 +14,15 @@ callback for a subscription. The wrapper, written once here, does what every han
   runs after either (e.g. a worker tells routers the request is over).
 
 With ``tasks`` each message is handled in a task of its own (nats-py awaits a subscription's
-callbacks one at a time). The wrapper costs about a microsecond a message over a hand-written
-callback (``bench/handler_cost.py``); raw nats-py stays the transport (decision 001, 014).
+callbacks one at a time). Raw nats-py stays the transport; what the wrapper costs over a bare
+callback is measured by ``bench/handler_cost.py`` (decision 014).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, Generic, TypeVar
 
 import nats.errors
@@ -32,7 +33,7 @@ from structlog.contextvars import bind_contextvars, reset_contextvars
 
 from shared import codec
 from shared.errors import InternalError, InvalidRequest, ServiceError
-from shared.metrics import KindStats, ServiceMetrics
+from shared.metrics import ServiceMetrics
 from shared.subjects import request_id_of
 from shared.tasks import TaskSet
 
@@ -63,9 +64,27 @@ class Boundary:
         tasks: TaskSet | None = None,
     ) -> Callback:
         """The subscription callback running ``fn`` on each decoded message of ``kind``."""
-        handling = _Handling(self, kind, fn, reply_to, after_failure)
         decode = decoder.decode
         stats = self.metrics.handlers.labels(self.service, kind)
+        failed = _Failure(self, kind, reply_to, after_failure)
+        request_id_var = _REQUEST_ID
+
+        async def handle(message: M) -> None:
+            request_id: str | None = getattr(message, "request_id", None)
+            token = request_id_var.set(request_id) if request_id is not None else None
+            started = time.perf_counter()
+            try:
+                await fn(message)
+            except ServiceError as exc:
+                log.warning("request_failed", code=exc.code, status=exc.status, error=exc.message)
+                await failed(message, request_id, exc)
+            except Exception:  # the handler boundary: log once with the traceback, answer
+                log.exception("request_crashed", kind=kind)
+                await failed(message, request_id, InternalError(failed.crash_message))
+            finally:
+                stats.observe(time.perf_counter() - started)
+                if token is not None:
+                    request_id_var.reset(token)
 
         if tasks is None:
 
@@ -75,7 +94,7 @@ class Boundary:
                 except codec.DecodeError as exc:
                     await self.undecodable(msg, kind, exc)
                     return
-                await handling.run(message, stats)
+                await handle(message)
 
             return on_message
 
@@ -87,7 +106,7 @@ class Boundary:
             except codec.DecodeError as exc:
                 await self.undecodable(msg, kind, exc)
                 return
-            spawn(handling.run(message, stats))
+            spawn(handle(message))
 
         return on_message_in_task
 
@@ -114,44 +133,25 @@ class Boundary:
             log.warning("reply_failed", subject=subject, error=str(exc))
 
 
-class _Handling(Generic[M]):
-    """Runs one kind's handler on a decoded message: bind, time, catch."""
+class _Failure(Generic[M]):
+    """What happens after a handler failed: count, reply with ``RequestFailed``, clean up."""
 
-    __slots__ = ("_after", "_boundary", "_fn", "_kind", "_reply_to")
+    __slots__ = ("_after", "_boundary", "_kind", "_reply_to", "crash_message")
 
     def __init__(
         self,
         boundary: Boundary,
         kind: str,
-        fn: Callable[[M], Awaitable[None]],
         reply_to: Callable[[M], str | None] | None,
         after: Callable[[M, ServiceError], Awaitable[None]] | None,
     ) -> None:
         self._boundary = boundary
         self._kind = kind
-        self._fn = fn
         self._reply_to = reply_to
         self._after = after
+        self.crash_message = f"the {boundary.service} failed on this request"
 
-    async def run(self, message: M, stats: KindStats) -> None:
-        request_id: str | None = getattr(message, "request_id", None)
-        tokens = bind_contextvars(request_id=request_id) if request_id is not None else None
-        started = time.perf_counter()
-        try:
-            await self._fn(message)
-        except ServiceError as exc:
-            log.warning("request_failed", code=exc.code, status=exc.status, error=exc.message)
-            await self._failed(message, request_id, exc)
-        except Exception:  # the handler boundary: log once with the traceback, answer, carry on
-            log.exception("request_crashed", kind=self._kind)
-            failure = InternalError(f"the {self._boundary.service} failed on this request")
-            await self._failed(message, request_id, failure)
-        finally:
-            stats.observe(time.perf_counter() - started)
-            if tokens is not None:
-                reset_contextvars(**tokens)
-
-    async def _failed(self, message: M, request_id: str | None, exc: ServiceError) -> None:
+    async def __call__(self, message: M, request_id: str | None, exc: ServiceError) -> None:
         boundary = self._boundary
         boundary.metrics.error(exc.code)
         subject = self._reply_to(message) if self._reply_to is not None else None
@@ -162,3 +162,17 @@ class _Handling(Generic[M]):
                 await self._after(message, exc)
             except Exception:  # a failing clean-up must not hide the failure
                 log.exception("failure_cleanup_crashed", kind=self._kind)
+
+
+def _request_id_var() -> ContextVar[Any]:
+    """structlog's context variable for ``request_id`` (public API: a bind's token names it).
+
+    Setting it directly per message costs a third of ``bind_contextvars``/``reset_contextvars``.
+    """
+    tokens = bind_contextvars(request_id=None)
+    reset_contextvars(**tokens)
+    var: ContextVar[Any] = tokens["request_id"].var
+    return var
+
+
+_REQUEST_ID = _request_id_var()
