@@ -1,4 +1,9 @@
-"""create_app(config, bus=...) -> Litestar: routes, error rendering, request ids, lifespan."""
+"""create_app(config, bus=...) -> the gateway's ASGI app: ``Relay`` for inference, Litestar else.
+
+``Gateway`` opens the request context (request id, access line, metrics) for every HTTP request,
+hands the two inference paths to ``Relay`` (raw ASGI, ADR 010) and everything else
+(probes, listing, ``/openapi.json``, unknown routes, lifespan) to the Litestar app.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +13,18 @@ from typing import Any
 
 import structlog
 from litestar import Litestar, Request, Response
+from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException
-from litestar.middleware import DefineMiddleware
-from litestar.types import ASGIApp
+from litestar.types import ASGIApp, Receive, Scope, Send
 
 from services.gateway import responses
 from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
-from services.gateway.context import RequestIdMiddleware
-from services.gateway.fast_path import FastPath
+from services.gateway.context import request_context, send_with_id
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.routes import Readiness, build_routes
+from services.gateway.openapi import openapi_config
+from services.gateway.relay import PATHS, Readiness, Relay
+from services.gateway.routes import build_routes
 from shared.errors import ServiceError
 
 log = structlog.get_logger(__name__)
@@ -32,12 +38,8 @@ def create_app(
     bus: GatewayBus,
     readiness: Readiness | None = None,
     metrics: GatewayMetrics | None = None,
-) -> ASGIApp:
-    """The gateway's ASGI app; ``bus`` is started and stopped by the app's lifespan.
-
-    With ``config.fast_path`` the two inference endpoints are served by ``FastPath`` (raw
-    ASGI, same bytes) in front of the Litestar app, which serves everything else.
-    """
+) -> Gateway:
+    """The gateway's ASGI app; ``bus`` is started and stopped by the app's lifespan."""
     readiness = readiness or Readiness()
     metrics = metrics or GatewayMetrics()
     metrics.base.track_in_flight(lambda: bus.in_flight)
@@ -58,21 +60,39 @@ def create_app(
             await bus.stop()
 
     app = Litestar(
-        route_handlers=build_routes(config, bus, readiness, metrics),
-        middleware=[DefineMiddleware(RequestIdMiddleware, metrics=metrics)],
+        route_handlers=build_routes(bus, readiness, metrics),
         exception_handlers={
             ServiceError: render_service_error,
             HTTPException: render_http_exception,
             Exception: render_unexpected,
         },
         lifespan=[bus_lifespan],
-        openapi_config=None,
+        openapi_config=openapi_config(),
         logging_config=None,
         debug=False,
     )
-    if not config.fast_path:
-        return app
-    return FastPath(app, config=config, bus=bus, readiness=readiness, metrics=metrics)
+    return Gateway(app, Relay(config, bus, readiness), metrics)
+
+
+class Gateway:
+    """ASGI: a request context per HTTP request; inference → ``Relay``, the rest → Litestar."""
+
+    __slots__ = ("_app", "_metrics", "_relay")
+
+    def __init__(self, app: ASGIApp, relay: Relay, metrics: GatewayMetrics) -> None:
+        self._app = app
+        self._relay = relay
+        self._metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == ScopeType.HTTP:
+            with request_context(scope, self._metrics) as ctx:
+                if scope["path"] in PATHS:
+                    await self._relay.serve(ctx, scope, receive, send)
+                else:
+                    await self._app(scope, receive, send_with_id(ctx, send))
+            return
+        await self._app(scope, receive, send)  # lifespan
 
 
 def render_service_error(_: Request[Any, Any, Any], exc: ServiceError) -> Response[bytes]:

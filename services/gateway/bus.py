@@ -36,6 +36,7 @@ from shared.messages import Cancel, GatewayEvent, ModelCard, Preprocess, Respons
 from shared.metrics import ServiceMetrics
 from shared.registry import ModelFiles, WorkerDirectory
 from shared.subjects import Subjects, request_id_of
+from shared.tasks import TaskSet
 
 log = structlog.get_logger(__name__)
 
@@ -148,7 +149,7 @@ class GatewayBus:
         self._directory: WorkerDirectory | None = None
         self._files: ModelFiles | None = None
         self._pending: dict[str, Inbox] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = TaskSet()
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -171,8 +172,7 @@ class GatewayBus:
 
     async def stop(self) -> None:
         """Flush pending cancels, stop watching the registry and drain the connection."""
-        if self._background:
-            await asyncio.wait(self._background, timeout=2)
+        await self._background.close(grace_s=2)
         if self._directory is not None:
             await self._directory.stop()
         if self._nc is not None and not self._nc.is_closed:
@@ -250,9 +250,7 @@ class GatewayBus:
         an ``await`` there would be interrupted before the publish happened.
         """
         self.forget(request_id)
-        task = asyncio.get_running_loop().create_task(self._publish_cancel(request_id, reason))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(self._publish_cancel(request_id, reason))
 
     async def _publish_cancel(self, request_id: str, reason: str) -> None:
         if self._nc is None or self._nc.is_closed:
@@ -263,7 +261,7 @@ class GatewayBus:
         except NatsError as exc:
             log.warning("cancel_publish_failed", request_id=request_id, error=str(exc))
             return
-        log.info("request_cancelled", request_id=request_id, reason=reason)
+        log.debug("request_cancelled", request_id=request_id, reason=reason)
 
     async def _on_reply(self, msg: Msg) -> None:
         self._replies.inc()

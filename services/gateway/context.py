@@ -1,9 +1,8 @@
-"""Per-request context: the request id, and what the one ``request_finished`` log line says.
+"""Per-request context: the request id, and what the request's one access line says.
 
-A raw ASGI middleware (cheaper than Litestar's middleware classes) mints or accepts the request
-id, binds it into structlog's context vars for everything the request runs, adds the
-``X-Request-Id`` response header, and logs one line (and records its metrics) when the response
-is done.
+``request_context`` opens it for every HTTP request (``app.py``): it mints or accepts the request
+id, binds it into structlog's context vars for everything the request runs, and when the
+response is done records the metrics and logs ``request_finished`` (info; debug for probes).
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import structlog
-from litestar.enums import ScopeType
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import HTTPScope, Message, Send
 from structlog.contextvars import bound_contextvars
 
 from services.gateway.metrics import GatewayMetrics
@@ -26,20 +24,25 @@ from shared.subjects import is_token
 log = structlog.get_logger(__name__)
 
 MAX_REQUEST_ID_LEN = 64
+PROBES = frozenset({"/health", "/live", "/metrics", "/v1/models"})
+"""Paths polled by orchestrators and scrapers: their access line is debug, not info."""
 _HEADER = b"x-request-id"
 
 
 @dataclass(slots=True)
 class RequestContext:
-    """What the handler learns about a request, for the final log line."""
+    """What the gateway learns about a request while serving it, for its access line."""
 
     request_id: str
+    method: str
+    path: str
     started_s: float = field(default_factory=time.perf_counter)
     status: int = 0
-    api: str | None = None
     model: str | None = None
     error: str | None = None
     ttft_s: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
     def mark_first_response(self) -> None:
         self.ttft_s = time.perf_counter() - self.started_s
@@ -52,13 +55,8 @@ class RequestContext:
 _current: ContextVar[RequestContext] = ContextVar("jetserve_gateway_request")
 
 
-def current_request() -> RequestContext:
-    """The context of the request being handled (set by ``RequestIdMiddleware``)."""
-    return _current.get()
-
-
 def note_error(code: str) -> None:
-    """Record the error code for the request's log line (no-op outside a request)."""
+    """Record the error code for the request's access line (no-op outside a request)."""
     ctx = _current.get(None)
     if ctx is not None:
         ctx.error = code
@@ -75,65 +73,57 @@ def request_id_from(headers: Iterable[tuple[bytes, bytes]]) -> str:
     return uuid.uuid4().hex
 
 
-class RequestIdMiddleware:
-    """ASGI middleware: request id in, ``X-Request-Id`` out, one log line per request."""
-
-    def __init__(self, app: ASGIApp, metrics: GatewayMetrics | None = None) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != ScopeType.HTTP:
-            await self.app(scope, receive, send)
-            return
-        with request_context(scope["headers"], scope["path"], self.metrics) as ctx:
-            extra_header = id_header(ctx)
-
-            async def send_with_id(message: Message) -> None:
-                if message["type"] == "http.response.start":
-                    ctx.status = message["status"]
-                    message["headers"] = [*message.get("headers", ()), extra_header]
-                await send(message)
-
-            await self.app(scope, receive, send_with_id)
-
-
 def id_header(ctx: RequestContext) -> tuple[bytes, bytes]:
     """The ``X-Request-Id`` response header of a request."""
     return (_HEADER, ctx.request_id.encode())
 
 
+def send_with_id(ctx: RequestContext, send: Send) -> Send:
+    """``send`` that records the status and appends ``X-Request-Id`` to the response start."""
+    extra_header = id_header(ctx)
+
+    async def send_and_note(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            ctx.status = message["status"]
+            message["headers"] = [*message.get("headers", ()), extra_header]
+        await send(message)
+
+    return send_and_note
+
+
 @contextmanager
-def request_context(
-    headers: Iterable[tuple[bytes, bytes]], path: str, metrics: GatewayMetrics | None
-) -> Iterator[RequestContext]:
-    """The request's context for everything it runs; its log line and metrics when it ends."""
-    ctx = RequestContext(request_id_from(headers))
+def request_context(scope: HTTPScope, metrics: GatewayMetrics) -> Iterator[RequestContext]:
+    """The request's context for everything it runs; its access line and metrics when it ends."""
+    ctx = RequestContext(request_id_from(scope["headers"]), scope["method"], scope["path"])
     token = _current.set(ctx)
     try:
         with bound_contextvars(request_id=ctx.request_id):
             try:
                 yield ctx
             finally:
-                _finished(ctx, path, metrics)
+                _finished(ctx, metrics)
     finally:
         _current.reset(token)
 
 
-def _finished(ctx: RequestContext, path: str, metrics: GatewayMetrics | None) -> None:
-    latency_s = time.perf_counter() - ctx.started_s
-    if metrics is not None:
-        metrics.observe(path, ctx.status, latency_s, ctx.ttft_s, ctx.error)
-    latency_ms = round(latency_s * 1000, 2)
-    if ctx.api is None:  # probes and listings: not worth an info line each
-        log.debug("request_finished", path=path, status=ctx.status, latency_ms=latency_ms)
+def _finished(ctx: RequestContext, metrics: GatewayMetrics) -> None:
+    duration_s = time.perf_counter() - ctx.started_s
+    metrics.observe(ctx.path, ctx.status, duration_s, ctx.ttft_s, ctx.error)
+    duration_ms = round(duration_s * 1000, 2)
+    if ctx.path in PROBES:
+        log.debug("request_finished", path=ctx.path, status=ctx.status, duration_ms=duration_ms)
         return
-    log.info(
-        "request_finished",
-        status=ctx.status,
-        latency_ms=latency_ms,
-        ttft_ms=ctx.ttft_ms,
-        api=ctx.api,
-        model=ctx.model,
-        error=ctx.error,
-    )
+    fields = {
+        "method": ctx.method,
+        "path": ctx.path,
+        "model": ctx.model,
+        "status": ctx.status,
+        "ttft_ms": ctx.ttft_ms,
+        "duration_ms": duration_ms,
+        "prompt_tokens": ctx.prompt_tokens,
+        "completion_tokens": ctx.completion_tokens,
+        "request_id": ctx.request_id,
+    }
+    if ctx.error is not None:
+        fields["error"] = ctx.error
+    log.info("request_finished", **fields)

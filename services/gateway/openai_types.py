@@ -107,3 +107,18 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     prompt: str | list[Any]
     """A string, a one-element list of strings, or token ids (``list[int]``)."""
     echo: bool | None = None
+
+
+class ErrorDetail(msgspec.Struct, kw_only=True):
+    """The ``error`` object of an OpenAI error body."""
+
+    message: str
+    type: str
+    code: str
+    param: str | None = None
+
+
+class ErrorResponse(msgspec.Struct, kw_only=True):
+    """Every error answer (written by ``ServiceError.body``); documents the API, never decoded."""
+
+    error: ErrorDetail

@@ -1,7 +1,7 @@
 """How a failure before the response starts looks on the wire: status, OpenAI body, headers.
 
-Shared by Litestar's exception handlers (``app.py``) and the raw-ASGI fast path
-(``fast_path.py``), so both answer with the same bytes and log the same lines.
+Shared by Litestar's exception handlers (``app.py``) and ``Relay`` (``relay.py``), so every
+route answers in the same shape and logs the same lines.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def http_error(
         error = InvalidRequest(detail)
     else:
         error = InternalError(detail)
+    note_error(error.code)
     return status, error.body(), headers or {}
 
 

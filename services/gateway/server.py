@@ -11,7 +11,7 @@ from services.gateway.app import create_app
 from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.routes import Readiness
+from services.gateway.relay import Readiness
 from shared.metrics import serve_metrics
 
 log = structlog.get_logger(__name__)

@@ -27,6 +27,8 @@ import pytest
 import uvicorn
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from structlog.contextvars import merge_contextvars
+from structlog.testing import capture_logs
 
 from services.gateway.app import create_app
 from services.gateway.bus import GatewayBus
@@ -150,7 +152,12 @@ async def _hello_world(request: Preprocess, send: Send) -> None:
     else:
         frames = [chat_chunk("Hello"), chat_chunk(" world", "stop") + b"data: [DONE]\n\n"]
     if not request.output.stream:
-        await send(ResponseChunk(request_id=rid, data=chat_body("Hello world"), done=True))
+        body = chat_body("Hello world")
+        await send(
+            ResponseChunk(
+                request_id=rid, data=body, done=True, prompt_tokens=3, completion_tokens=2
+            )
+        )
         return
     for i, frame in enumerate(frames):
         await send(ResponseChunk(request_id=rid, data=frame, done=i == len(frames) - 1))
@@ -322,6 +329,36 @@ async def test_non_streamed_chat_returns_the_formatters_json_body(
     assert completion.choices[0].message.content == "Hello world"
     assert completion.usage is not None
     assert completion.usage.total_tokens == 5
+
+
+async def test_one_access_line_per_request_with_the_token_counts(
+    ready: FakeDownstream, http: httpx.AsyncClient
+) -> None:
+    with capture_logs(processors=[merge_contextvars]) as logs:
+        response = await http.post("/v1/chat/completions", json=CHAT)
+        await http.get("/health")
+    lines = [line for line in logs if line["event"] == "request_finished"]
+    assert [line["log_level"] for line in lines] == ["info", "debug"]
+    access = lines[0]
+    assert {k: access[k] for k in ("method", "path", "model", "status", "request_id")} == {
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "model": MODEL,
+        "status": 200,
+        "request_id": response.headers["x-request-id"],
+    }
+    assert (access["prompt_tokens"], access["completion_tokens"]) == (3, 2)
+    assert 0 < access["ttft_ms"] <= access["duration_ms"]
+    assert "error" not in access
+
+
+async def test_openapi_json_describes_the_inference_endpoints(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    response = await http.get("/openapi.json")
+    paths = response.json()["paths"]
+    assert response.status_code == 200
+    assert {"/v1/chat/completions", "/v1/completions"} <= set(paths)
 
 
 async def test_streamed_completion_reaches_the_openai_client(
@@ -589,7 +626,11 @@ async def test_sigterm_lets_the_in_flight_stream_finish_then_exits(
 
     downstream.script = first_then_rest_on_release
     port = free_port()
-    env = {"NATS_URL": nats_url, "JETSERVE_NAMESPACE": subjects.namespace, "LOG_FORMAT": "json"}
+    env = {
+        "JETSERVE_NATS_URL": nats_url,
+        "JETSERVE_NAMESPACE": subjects.namespace,
+        "JETSERVE_LOG_FORMAT": "json",
+    }
     log_path = tmp_path / "gateway.log"
     proc = _spawn_gateway(port, env, log_path)
     try:

@@ -10,7 +10,7 @@ from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
 from services.gateway.metrics import GatewayMetrics, endpoint_of
 from shared.messages import ResponseChunk
-from tests.unit.gateway.test_app import CHAT, FakeBus
+from tests.unit.gateway.fakes import CHAT, FakeBus
 
 
 def _sample(text: str, name: str) -> float:

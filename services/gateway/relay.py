@@ -1,35 +1,26 @@
-"""Raw-ASGI fast path for ``POST /v1/chat/completions`` and ``POST /v1/completions``.
+"""The inference request lifecycle, raw ASGI: ``POST /v1/chat/completions``, ``/v1/completions``.
 
-``FastPath`` sits in front of the Litestar app and serves exactly those two (method, path)
-pairs itself; everything else (other methods, other paths, lifespan) goes to Litestar. It
-skips Litestar's router, request/response objects, exception middleware and the anyio task
-group of its ``Stream``, and writes the response start and the SSE chunks straight to ``send``.
-What the client sees is byte-for-byte what the Litestar handlers in ``routes.py`` send (same
-status codes, OpenAI error bodies, headers and SSE framing), and the request keeps the same
-context, ``request_finished`` line and metrics (``context.request_context``).
-
-One listener task per request watches ``receive`` for ``http.disconnect`` from the moment the
-request is published until the response is complete; a disconnect interrupts the reply, which
-publishes ``Cancel(reason="client_disconnected")``.
+Read the body (with Litestar's checks), parse, submit, wait for the first event, then answer
+with a JSON body or an SSE stream; an error before the first event gets its real status, one
+after the headers ends the stream in-band. A timeout or a client disconnect cancels upstream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import structlog
-from litestar.enums import ScopeType
-from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.types import HTTPScope, Receive, Send
 
 from services.gateway import responses, sse
 from services.gateway.bus import GatewayBus, Reply
 from services.gateway.config import GatewayConfig
-from services.gateway.context import RequestContext, id_header, note_error, request_context
+from services.gateway.context import RequestContext, id_header, note_error
 from services.gateway.errors import ClientDisconnected
-from services.gateway.metrics import GatewayMetrics
-from services.gateway.routes import Readiness, Relay, note_stream_failure
 from services.gateway.translate import (
     chat_to_preprocess,
     completion_to_preprocess,
@@ -37,22 +28,37 @@ from services.gateway.translate import (
     parse_completion,
     routing_headers,
 )
-from shared.errors import InternalError, ServiceError
+from shared.errors import InternalError, ServiceError, ShuttingDown
 from shared.messages import Preprocess, ResponseChunk
 
 log = structlog.get_logger(__name__)
 
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH})
+"""Served by ``Relay`` (any method: only ``POST`` is allowed); every other path is Litestar's."""
 MAX_BODY_BYTES = 10_000_000
-"""Litestar's default ``request_max_body_size``, which the Litestar routes run under."""
+"""Litestar's default ``request_max_body_size``, so the limit is the same on every route."""
 
-_CHAT = "/v1/chat/completions"
-_COMPLETIONS = "/v1/completions"
+_ALLOW_POST = {"Allow": "POST"}
 _JSON = (b"content-type", b"application/json")
 _SSE_START = (
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
     (b"content-type", b"text/event-stream; charset=utf-8"),
 )
+
+
+@dataclass(slots=True)
+class Readiness:
+    """Whether the gateway takes new work; flipped once on SIGTERM."""
+
+    is_shutting_down: bool = False
+
+    def begin_shutdown(self) -> None:
+        if not self.is_shutting_down:
+            self.is_shutting_down = True
+            log.info("shutdown_started")
 
 
 class _HttpError(Exception):
@@ -64,57 +70,32 @@ class _HttpError(Exception):
         self.detail = detail
 
 
-class FastPath:
-    """ASGI app: the two inference endpoints served raw, everything else by ``app``."""
+class Relay:
+    """One inference request, from its body to the last byte of its response."""
 
-    __slots__ = ("_app", "_metrics", "_relay")
+    __slots__ = ("_bus", "_first_timeout_s", "_idle_timeout_s", "_readiness")
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        config: GatewayConfig,
-        bus: GatewayBus,
-        readiness: Readiness,
-        metrics: GatewayMetrics,
+    def __init__(self, config: GatewayConfig, bus: GatewayBus, readiness: Readiness) -> None:
+        self._bus = bus
+        self._readiness = readiness
+        self._first_timeout_s = config.request_timeout_s
+        self._idle_timeout_s = config.stream_idle_timeout_s
+
+    async def serve(
+        self, ctx: RequestContext, scope: HTTPScope, receive: Receive, send: Send
     ) -> None:
-        self._app = app
-        self._metrics = metrics
-        self._relay = Relay(config, bus, readiness)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == ScopeType.HTTP and scope["method"] == "POST":
-            path = scope["path"]
-            if path in (_CHAT, _COMPLETIONS):
-                with request_context(scope["headers"], path, self._metrics) as ctx:
-                    await self._serve(ctx, path == _CHAT, scope, receive, send)
-                return
-        await self._app(scope, receive, send)
-
-    async def _serve(
-        self, ctx: RequestContext, is_chat: bool, scope: Scope, receive: Receive, send: Send
-    ) -> None:
-        """Decode, check, submit; then relay the replies (or answer with the error)."""
+        """Submit the request, then relay its replies; every failure becomes a response."""
+        if scope["method"] != "POST":
+            parts = responses.http_error(405, "", scope["method"], ctx.path, _ALLOW_POST)
+            await _send_error(ctx, send, parts)
+            return
         try:
-            ctx.api = "chat" if is_chat else "completion"
-            body = await _read_body(scope, receive)
-            to_preprocess: Callable[..., Preprocess]
-            if is_chat:
-                chat = parse_chat(body)
-                ctx.model = model = chat.model
-                headers = routing_headers(scope["headers"])
-                to_preprocess = partial(chat_to_preprocess, chat, headers=headers)
-            else:
-                completion = parse_completion(body)
-                ctx.model = model = completion.model
-                headers = routing_headers(scope["headers"])
-                to_preprocess = partial(completion_to_preprocess, completion, headers=headers)
-            preprocess, reply = await self._relay.submit(model, to_preprocess)
+            preprocess, reply = await self._submit(ctx, scope, receive)
         except ServiceError as exc:
             await _send_error(ctx, send, responses.service_error(exc))
             return
         except _HttpError as exc:
-            parts = responses.http_error(exc.status, exc.detail, "POST", scope["path"])
+            parts = responses.http_error(exc.status, exc.detail, "POST", ctx.path)
             await _send_error(ctx, send, parts)
             return
         except Exception as exc:  # noqa: BLE001 - a bug: unexpected_error logs it once
@@ -126,14 +107,40 @@ class FastPath:
         finally:
             listener.cancel()
 
+    async def _submit(
+        self, ctx: RequestContext, scope: HTTPScope, receive: Receive
+    ) -> tuple[Preprocess, Reply]:
+        """Read and parse the body, refuse while shutting down, check the model, publish."""
+        body = await _read_body(scope, receive)
+        headers = routing_headers(scope["headers"])
+        to_preprocess: Callable[..., Preprocess]
+        if ctx.path == CHAT_PATH:
+            chat = parse_chat(body)
+            ctx.model = model = chat.model
+            to_preprocess = partial(chat_to_preprocess, chat, headers=headers)
+        else:
+            completion = parse_completion(body)
+            ctx.model = model = completion.model
+            to_preprocess = partial(completion_to_preprocess, completion, headers=headers)
+        if self._readiness.is_shutting_down:
+            raise ShuttingDown("The gateway is shutting down.")
+        await self._bus.check_model(model)
+        now = time.time()
+        preprocess = to_preprocess(
+            request_id=ctx.request_id,
+            reply_to=self._bus.reply_subject(ctx.request_id),
+            created=int(now),
+            deadline_ms=int((now + self._first_timeout_s) * 1000),
+        )
+        return preprocess, await self._bus.submit(preprocess)
+
     async def _respond(self, ctx: RequestContext, reply: Reply, stream: bool, send: Send) -> None:
         """Wait for the first event, then answer with it (JSON) or start the SSE stream."""
-        relay = self._relay
         try:
-            first = await reply.next(relay.first_timeout_s)
+            first = await reply.next(self._first_timeout_s)
             ctx.mark_first_response()
             if not stream:
-                body = first.data if first.done else await relay.collect(reply, first)
+                last = first if first.done else await self._joined(reply, first)
                 reply.close()
         except ClientDisconnected as exc:
             reply.cancel("client_disconnected")
@@ -150,21 +157,40 @@ class FastPath:
             await _send_error(ctx, send, responses.unexpected_error(exc))
             return
         if not stream:
+            ctx.prompt_tokens, ctx.completion_tokens = last.prompt_tokens, last.completion_tokens
+            body = last.data
             headers = [_JSON, (b"content-length", b"%d" % len(body)), id_header(ctx)]
             await _start(ctx, send, 200, headers)
             await send({"type": "http.response.body", "body": body, "more_body": False})
             return
         await _start(ctx, send, 200, [*_SSE_START, id_header(ctx)])
-        await self._stream(reply, first, send)
+        await self._stream(ctx, reply, first, send)
 
-    async def _stream(self, reply: Reply, first: ResponseChunk, send: Send) -> None:
+    async def _joined(self, reply: Reply, first: ResponseChunk) -> ResponseChunk:
+        """A non-streamed body sent in several chunks (the formatter normally sends one), as one."""
+        parts = [first.data]
+        chunk = first
+        while not chunk.done:
+            chunk = await reply.next(self._idle_timeout_s)
+            parts.append(chunk.data)
+        return ResponseChunk(
+            request_id=chunk.request_id,
+            data=b"".join(parts),
+            done=True,
+            prompt_tokens=chunk.prompt_tokens,
+            completion_tokens=chunk.completion_tokens,
+        )
+
+    async def _stream(
+        self, ctx: RequestContext, reply: Reply, first: ResponseChunk, send: Send
+    ) -> None:
         """Relay SSE bytes until ``done``; a failure ends the stream with an error event.
 
         Chunks that are already queued go out in one body message (one socket write); the
         bytes are the same, only their grouping into HTTP chunks differs. The last bytes go
         with ``more_body=False``, so the stream's end costs no write of its own.
         """
-        idle_timeout_s = self._relay.idle_timeout_s
+        idle_timeout_s = self._idle_timeout_s
         is_finished = False
         parts = [first.data]
         chunk = first
@@ -177,15 +203,18 @@ class FastPath:
                 chunk = await reply.next(idle_timeout_s)
                 parts.append(chunk.data)
             is_finished = True
+            ctx.prompt_tokens, ctx.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
         except ClientDisconnected:
             pass  # is_finished stays False: cancelled below, nothing more to send
         except ServiceError as exc:
             is_finished = True
-            note_stream_failure(exc)
+            note_error(exc.code)
+            log.warning("stream_failed", code=exc.code, message=exc.message)
             parts.append(sse.error_tail(exc))
         except Exception as exc:  # the response started: report in-band, log once
             is_finished = True
             log.exception("stream_crashed")
+            note_error("internal_error")
             reply.cancel("internal_error")
             parts.append(sse.error_tail(InternalError(f"Internal error: {type(exc).__name__}")))
         finally:
@@ -206,7 +235,7 @@ async def _watch(receive: Receive, reply: Reply) -> None:
     reply.interrupt(ClientDisconnected("The client closed the connection."))
 
 
-async def _read_body(scope: Scope, receive: Receive) -> bytes:
+async def _read_body(scope: HTTPScope, receive: Receive) -> bytes:
     """The whole body, with Litestar's checks (content-length, size limit, early disconnect)."""
     for name, value in scope["headers"]:
         if name == b"content-length":

@@ -1,0 +1,62 @@
+"""A hand-written in-memory ``GatewayBus`` for the gateway's unit tests (no sockets)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.gateway.bus import Inbox, Reply, ReplyItem
+from shared.messages import ModelCard, Preprocess
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+class FakeBus:
+    """Answers every request with ``script``; records what the app asked for."""
+
+    def __init__(self) -> None:
+        self.script: list[ReplyItem] = []
+        self.check_error: Exception | None = None
+        self.submit_error: Exception | None = None
+        self.started = self.stopped = False
+        self.submitted: list[Preprocess] = []
+        self.inboxes: list[Inbox] = []
+        """One per submitted request, for replies that arrive later."""
+        self.cancelled: list[tuple[str, str]] = []
+        self.is_connected = True
+        self.in_flight = 0
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+    def live_models(self) -> list[str]:
+        return ["m"]
+
+    async def check_model(self, model: str) -> None:
+        if self.check_error is not None:
+            raise self.check_error
+
+    async def model_card(self, model: str) -> ModelCard | None:
+        return ModelCard(model=model, context_length=8, created=123)
+
+    def reply_subject(self, request_id: str) -> str:
+        return f"gw.{request_id}"
+
+    async def submit(self, request: Preprocess) -> Reply:
+        if self.submit_error is not None:
+            raise self.submit_error
+        self.submitted.append(request)
+        inbox = Inbox()
+        for item in self.script:
+            inbox.put_nowait(item)
+        self.inboxes.append(inbox)
+        bus: Any = self
+        return Reply(bus, request.request_id, inbox)
+
+    def forget(self, request_id: str) -> None:
+        pass
+
+    def cancel_soon(self, request_id: str, reason: str) -> None:
+        self.cancelled.append((request_id, reason))
