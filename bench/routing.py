@@ -23,7 +23,6 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from bench.serving import WORDS, cpu_s, run_chats, summarize, warm_up
@@ -33,7 +32,7 @@ from services.router.sync import KvSync
 from shared import codec
 from shared.hashing import prefix_hashes
 from shared.messages import BlockStored, Generate, KvEventBatch, SamplingParams, WorkerCard
-from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
+from shared.model_dir import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model_dir
 
 BLOCK = 16
 SEQ_TOKENS = 8192
@@ -181,7 +180,7 @@ def serving_workload(mode: str, **options: Any) -> dict[str, Any]:
     plus a unique 50-word user message (the shape of ``../shared/bench`` workload (c)).
     """
     requests = int(options.get("requests", 400))
-    model_dir = ensure_default_model_dir(Path.home() / ".cache" / "jetserve" / "qwen3-model")
+    model_dir = ensure_default_model_dir(default_model_dir())
     stack = Stack(
         StackConfig(
             http_port=0,
@@ -204,6 +203,7 @@ def serving_workload(mode: str, **options: Any) -> dict[str, Any]:
         cpu = {k: cpu_s(p) - before[k] for k, p in pids.items()}
     finally:
         stack.stop()
+        stack.remove_run_dir()
     spec = {"concurrency": 16, "requests": requests, "max_tokens": 32}
     summary = summarize(f"shared-prefix/{mode}", spec, records, wall, cpu)
     ok = [r for r in records if r.ok]

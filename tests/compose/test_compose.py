@@ -152,12 +152,14 @@ def stack(pytestconfig: pytest.Config) -> Iterator[ComposeStack]:
         **os.environ,
         "JETSERVE_PUBLISH_ADDR": "127.0.0.1",
         "JETSERVE_NAMESPACE": project,
-        "LOG_LEVEL": "INFO",
+        "JETSERVE_LOG_LEVEL": "INFO",
         # Real (simulated) timing, so requests are in flight when a worker is killed; a short
         # formatter idle timeout bounds what a request on the killed worker waits.
         "JETSERVE_MOCKER_SPEEDUP_RATIO": "1",
         "JETSERVE_FORMATTER_IDLE_TIMEOUT_S": "5",
-        "JETSERVE_WORKER_TTL_S": "3",
+        "JETSERVE_GATEWAY_WORKER_TTL_S": "3",
+        "JETSERVE_ROUTER_WORKER_TTL_S": "3",
+        "JETSERVE_MOCKER_WORKER_TTL_S": "3",
     }
     stack = ComposeStack(compose, project, env, http_port=0)
     capture = pytestconfig.pluginmanager.getplugin("capturemanager")

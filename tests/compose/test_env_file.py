@@ -1,4 +1,4 @@
-"""docker-compose.yml and .env stay in step with the services' options (no Docker needed)."""
+"""docker-compose.yml and .env stay in step with the services' settings tables (no Docker)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.compose.knobs import COMMON, FIXED_IN_CONTAINER, PER_INSTANCE, SERVICES, service_knobs
+from services.cli.config import SERVICES
+from tests.compose.knobs import COMMON, FIXED_IN_CONTAINER, PER_INSTANCE, knob_vars
 from tests.support_containers import ROOT
+from tools import env_file
 
 BUS_SERVICES = ("preprocessor", "router", "formatter", "mocker")
 
@@ -25,17 +27,30 @@ def env_file_vars() -> set[str]:
     return set(re.findall(r"^#?([A-Z][A-Z0-9_]*)=", text, flags=re.MULTILINE))
 
 
-@pytest.mark.parametrize("service", list(SERVICES))
+def test_env_file_is_generated_from_the_tables() -> None:
+    assert (ROOT / ".env").read_text() == env_file.render(), ".env is stale: make config-doc"
+
+
+@pytest.mark.parametrize("service", SERVICES)
 def test_env_file_documents_every_knob_of(service: str, env_file_vars: set[str]) -> None:
-    knobs = {k.var for k in service_knobs(service)} - PER_INSTANCE - FIXED_IN_CONTAINER
-    assert sorted(knobs - env_file_vars) == [], "add them to .env (python -m tests.compose.knobs)"
+    assert sorted(set(knob_vars(service)) - env_file_vars) == []
 
 
-@pytest.mark.parametrize("service", list(SERVICES))
+@pytest.mark.parametrize("service", SERVICES)
 def test_compose_passes_every_knob_to(service: str, compose: dict[str, Any]) -> None:
     environment = compose["services"][service]["environment"]
-    knobs = {k.var for k in service_knobs(service)} - PER_INSTANCE
-    assert sorted(knobs - set(environment)) == []
+    fixed = FIXED_IN_CONTAINER if service == "gateway" else set()
+    assert sorted({*knob_vars(service), *fixed} - set(environment)) == []
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_compose_sets_only_variables_the_service_reads(
+    service: str, compose: dict[str, Any]
+) -> None:
+    known = {*knob_vars(service), *COMMON, *FIXED_IN_CONTAINER}
+    extra = {"NATS_URL", "JETSERVE_HEALTH_NATS_MONITOR_URL"}  # read by jetserve-healthcheck
+    environment = set(compose["services"][service]["environment"])
+    assert sorted(environment - known - extra) == []
 
 
 def test_compose_never_sets_instance_ids(compose: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ def fault_stack(tmp_path: Path, model_dir: Path) -> Iterator[Stack]:
         model_dir,
         workers=1,
         mocker_args="--speedup-ratio 1 --seed 1",
-        extra_env={"JETSERVE_WORKER_TTL_S": "2"},
+        extra_env={f"JETSERVE_{s}_WORKER_TTL_S": "2" for s in ("GATEWAY", "ROUTER", "MOCKER")},
         service_args={"gateway": ["--request-timeout-s", "3", "--stream-idle-timeout-s", "3"]},
     )
     try:

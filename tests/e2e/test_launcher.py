@@ -1,4 +1,5 @@
-"""``jetserve up``: one command starts everything, SIGTERM stops everything it started."""
+"""``jetserve up``: one command starts everything, SIGTERM stops everything it started and
+removes its temp run dir."""
 
 from __future__ import annotations
 
@@ -25,72 +26,82 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split()[2] == "Z")
 
 
+def _up(*args: str) -> list[str]:
+    return [sys.executable, "-m", "services.cli", "up", *args]
+
+
 def test_up_refuses_a_taken_http_port(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "services.cli",
-                "up",
-                "--http-port",
-                str(port),
-                "--run-dir",
-                str(tmp_path),
-            ],
+            _up("--http-port", str(port), "--run-dir", str(tmp_path)),
             capture_output=True,
             text=True,
             timeout=60,
         )
     assert result.returncode != 0
     assert f"HTTP port {port} is already in use" in result.stderr
+    assert f"logs kept in {tmp_path}" in result.stderr
 
 
-def test_up_serves_and_sigterm_stops_every_process(tmp_path: Path, model_dir: Path) -> None:
+def test_up_rejects_a_bad_pass_through_value_naming_the_flag() -> None:
+    result = subprocess.run(
+        _up("--router-kv-overlap-score-weight", "-1"), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "--router-kv-overlap-score-weight" in result.stderr
+
+
+def test_up_serves_and_sigterm_stops_every_process_and_removes_its_run_dir(
+    tmp_path: Path, model_dir: Path
+) -> None:
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "services.cli",
-            "up",
+        _up(
             "--http-port",
             "0",
             "--workers",
             "1",
             "--model-path",
             str(model_dir),
-            "--mocker-args",
-            "--speedup-ratio 0",
-            "--run-dir",
-            str(tmp_path),
-        ],
+            "--mocker-speedup-ratio",
+            "0",
+            "--router-mode",
+            "kv",
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "JETSERVE_NAMESPACE": "launchertest"},
+        # the temp run dir goes under tmp_path, so the test can see it is removed
+        env={**os.environ, "JETSERVE_NAMESPACE": "launchertest", "TMPDIR": str(tmp_path)},
     )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line.startswith("JetServe is up: http://127.0.0.1:"), line or proc.stderr.read()
         base = line.split()[3]
+        logs_line = proc.stdout.readline()
+        assert logs_line.startswith("logs and pids: "), logs_line
+        run_dir = Path(logs_line.split()[3])
+        assert run_dir.parent == tmp_path
         resp = httpx.post(
             f"{base}/chat/completions",
             json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
             timeout=30,
         )
         assert resp.status_code == 200
-        pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+        pids = [int(p.read_text()) for p in run_dir.glob("*.pid")]
         assert len(pids) == 6  # nats, preprocessor, formatter, router, mocker, gateway
+        router_cmdline = Path(f"/proc/{int((run_dir / 'router.pid').read_text())}/cmdline")
+        assert b"--router-mode\0kv" in router_cmdline.read_bytes()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         deadline = time.monotonic() + 5
         while any(_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert [p for p in pids if _alive(p)] == []
+        assert not run_dir.exists()
     finally:
         if proc.poll() is None:
             proc.kill()

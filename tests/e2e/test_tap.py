@@ -20,7 +20,11 @@ TAP_TIMEOUT_S = 60
 
 async def _start_tap(stack: Stack, *args: str) -> asyncio.subprocess.Process:
     """``python -m services.cli tap ARGS…`` against the stack; returns once it listens."""
-    env = {**os.environ, "NATS_URL": stack.nats_url, "JETSERVE_NAMESPACE": stack.config.namespace}
+    env = {
+        **os.environ,
+        "JETSERVE_NATS_URL": stack.nats_url,
+        "JETSERVE_NAMESPACE": stack.config.namespace,
+    }
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
@@ -25,17 +24,16 @@ from shared.messages import (
     KvDump,
     KvDumpRequest,
     KvEventBatch,
+    RequestFailed,
     RequestPhase,
     RoutingHints,
     SamplingParams,
     TokenBatch,
     WorkerLoad,
 )
-from shared.model_dir import DEFAULT_MODEL_NAME, bundled_tokenizer_dir
+from shared.model_dir import DEFAULT_MODEL_NAME
 from shared.subjects import Subjects
 from tests.integration.mocker_support import running_mocker
-
-pytestmark = pytest.mark.skipif(bundled_tokenizer_dir() is None, reason="no Qwen3 tokenizer")
 
 BS = 16
 PROMPT = tuple(range(100, 140))  # 40 tokens: 2 full blocks
@@ -184,6 +182,32 @@ async def test_load_and_lifecycle_are_published(
     assert loads[0] == WorkerLoad(worker_id="w", kv_total_blocks=64, ts=loads[0].ts)
     assert all(load.kv_total_blocks == 64 for load in loads)
     assert (loads[-1].active, loads[-1].waiting, loads[-1].prefill_tokens) == (0, 0, 0)
+
+
+async def test_a_rejected_request_is_answered_and_its_slot_freed(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    phase_sub = await nc.subscribe(subjects.lifecycle("w"))
+    stream_to = subjects.stream("f1", "r-unknown")
+    stream_sub = await nc.subscribe(stream_to)
+    async with running_mocker(nats_url, subjects, model_info, worker_id="w") as mocker:
+        await _dump(nc, subjects, "w")
+        gen = Generate(
+            request_id="r-unknown",
+            model="no/such-model",
+            token_ids=PROMPT,
+            sampling=SamplingParams(max_tokens=4),
+            stream_to=stream_to,
+        )
+        await nc.publish(subjects.generate("w"), codec.encode(gen))
+        failed = codec.decode((await stream_sub.next_msg(timeout=5)).data, RequestFailed)
+        phase = codec.decode((await phase_sub.next_msg(timeout=5)).data, RequestPhase)
+        errors = mocker.metrics.service.registry.get_sample_value(
+            "jetserve_errors_total", {"service": "mocker", "code": "model_not_found"}
+        )
+    assert (failed.request_id, failed.code, failed.status) == ("r-unknown", "model_not_found", 404)
+    assert (phase.request_id, phase.phase) == ("r-unknown", "finished")
+    assert errors == 1.0
 
 
 async def test_restarted_worker_starts_again_with_all_blocks_cleared(

@@ -14,11 +14,9 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
-from shared.model_dir import DEFAULT_MODEL_NAME, bundled_tokenizer_dir, ensure_default_model_dir
+from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
 from shared.registry import ModelFiles, WorkerDirectory
 from shared.subjects import Subjects
-
-pytestmark = pytest.mark.skipif(bundled_tokenizer_dir() is None, reason="no Qwen3 tokenizer")
 
 MODEL = DEFAULT_MODEL_NAME
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +32,11 @@ def start_mocker(
 
     def start(worker_id: str, *args: str) -> subprocess.Popen[bytes]:
         log_path = tmp_path / f"{worker_id}.log"
-        env = {**os.environ, "NATS_URL": nats_url, "JETSERVE_NAMESPACE": subjects.namespace}
+        env = {
+            **os.environ,
+            "JETSERVE_NATS_URL": nats_url,
+            "JETSERVE_NAMESPACE": subjects.namespace,
+        }
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 [

@@ -29,11 +29,9 @@ from shared.messages import (
     TokenBatch,
     WorkerEvent,
 )
-from shared.model_dir import DEFAULT_MODEL_NAME, bundled_tokenizer_dir
+from shared.model_dir import DEFAULT_MODEL_NAME
 from shared.subjects import Subjects
 from tests.integration import mocker_support
-
-pytestmark = pytest.mark.skipif(bundled_tokenizer_dir() is None, reason="no Qwen3 tokenizer")
 
 MODEL = DEFAULT_MODEL_NAME
 PROMPT = tuple(range(100, 140))

@@ -26,3 +26,14 @@ def test_services_import_only_shared_and_themselves() -> None:
                 if parts[0] == "services" and len(parts) > 1 and parts[1] != service.name:
                     offenders.append(f"{path.relative_to(SERVICES)} imports {name}")
     assert offenders == []
+
+
+def test_the_launcher_loads_only_other_services_config_modules() -> None:
+    """``jetserve up`` builds its pass-through flags from each service's settings table: it may
+    load ``services.<name>.config`` by name, never a service's code."""
+    dynamic = []
+    for path in (SERVICES / "cli").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
+                dynamic.append(ast.unparse(node.args[0]))
+    assert dynamic == ["f'services.{name}.config'"]

@@ -18,7 +18,7 @@ def test_defaults_bind_localhost_8000_with_a_random_gateway_id() -> None:
 
 def test_env_vars_fill_in_for_missing_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JETSERVE_GATEWAY_HTTP_PORT", "9000")
-    monkeypatch.setenv("JETSERVE_WORKER_TTL_S", "3.5")
+    monkeypatch.setenv("JETSERVE_GATEWAY_WORKER_TTL_S", "3.5")
     config = GatewayConfig.from_cli([])
     assert (config.http_port, config.worker_ttl_s) == (9000, 3.5)
 

@@ -20,7 +20,7 @@ def test_defaults() -> None:
 def test_env_vars_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JETSERVE_MOCKER_SPEEDUP_RATIO", "0")
     monkeypatch.setenv("JETSERVE_MOCKER_MODEL_PATH", "/tmp/model")
-    monkeypatch.setenv("JETSERVE_WORKER_TTL_S", "3")
+    monkeypatch.setenv("JETSERVE_MOCKER_WORKER_TTL_S", "3")
     config = MockerConfig.from_cli(["--seed", "5"])
     assert (config.speedup_ratio, config.model_path, config.worker_ttl_s, config.seed) == (
         0.0,

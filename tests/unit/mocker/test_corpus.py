@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from services.mocker.corpus import corpus_token_ids
-from shared.model_dir import bundled_tokenizer_dir, ensure_default_model_dir, eos_token_ids
-
-pytestmark = pytest.mark.skipif(bundled_tokenizer_dir() is None, reason="no Qwen3 tokenizer")
+from shared.model_dir import ensure_default_model_dir, eos_token_ids
 
 
 def test_corpus_is_about_a_thousand_tokens_without_eos(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ def test_defaults() -> None:
 
 def test_env_vars_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JETSERVE_ROUTER_MODE", "random")
-    monkeypatch.setenv("JETSERVE_WORKER_TTL_S", "2.5")
+    monkeypatch.setenv("JETSERVE_ROUTER_WORKER_TTL_S", "2.5")
     config = RouterConfig.from_cli(["--seed", "4"])
     assert (config.router_mode, config.worker_ttl_s, config.seed) == ("random", 2.5, 4)
 
@@ -36,13 +36,13 @@ def test_kv_defaults_follow_dynamo() -> None:
         0.0,
         True,
     )
-    assert (config.router_ttl_secs, config.busy_status) == (120.0, 503)
+    assert (config.router_ttl_s, config.busy_status) == (120.0, 503)
     assert config.active_decode_blocks_threshold is None
     assert config.active_prefill_tokens_threshold is None
 
 
 def test_kv_flags_and_env_vars(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("JETSERVE_ACTIVE_PREFILL_TOKENS_THRESHOLD", "4096")
+    monkeypatch.setenv("JETSERVE_ROUTER_ACTIVE_PREFILL_TOKENS_THRESHOLD", "4096")
     config = RouterConfig.from_cli(
         ["--no-kv-events", "--active-decode-blocks-threshold", "0.85", "--busy-status", "529"]
     )

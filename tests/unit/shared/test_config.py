@@ -1,31 +1,211 @@
-"""Config precedence: flag, then environment variable, then default."""
+"""The settings table: names, precedence (flag > env > default), aliases, bad values, bounds."""
+
+from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
-from shared.config import CommonConfig, add_common_options, env
+from services.cli.config import service_configs
+from services.formatter.config import FormatterConfig
+from services.gateway.config import GatewayConfig
+from services.mocker.config import MockerConfig
+from services.router.config import RouterConfig
+from shared.config import CommonConfig, SettingError, computed_setting, setting, settings_of
 
 
-def test_env_parses_by_the_default_type(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("X_INT", "7")
-    monkeypatch.setenv("X_BOOL", "yes")
-    monkeypatch.setenv("X_PATH", "/tmp/a")
-    assert env("X_INT", 1) == 7
-    assert env("X_BOOL", False) is True
-    assert env("X_PATH", Path(".")) == Path("/tmp/a")
-    assert env("X_MISSING", 1.5) == 1.5
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DemoConfig(CommonConfig):
+    SERVICE = "demo"
+
+    demo_mode: str = setting("a", "Mode", choices=("a", "b"))
+    count: int = setting(3, "How many", ge=1, aliases=("OLD_DEMO_COUNT",))
+    ratio: float | None = setting(None, "A fraction", ge=0, le=1)
+    fast: bool = setting(True, "Go fast")
+    path: Path | None = setting(None, "Somewhere")
+    ident: str = computed_setting(lambda: "generated", "Id", default_doc="random")
 
 
-def test_flag_beats_env_beats_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("JETSERVE_NAMESPACE", "fromenv")
-    parser = argparse.ArgumentParser()
-    add_common_options(parser, service="router")
-    assert parser.parse_args([]).namespace == "fromenv"
-    assert parser.parse_args(["--namespace", "flag"]).namespace == "flag"
+def parse(argv: list[str], **environ: str) -> DemoConfig:
+    return DemoConfig.from_cli(argv, environ=environ)
 
 
-def test_bad_namespace_fails_at_startup() -> None:
+def test_names_are_derived_from_the_field_and_the_service() -> None:
+    table = DemoConfig.settings()
+    assert [
+        (s.flag, s.env) for s in table.select("demo_mode", "count", "namespace", "nats_url")
+    ] == [
+        ("--demo-mode", "JETSERVE_DEMO_MODE"),  # the service's name is not repeated
+        ("--count", "JETSERVE_DEMO_COUNT"),
+        ("--namespace", "JETSERVE_NAMESPACE"),  # common: no service prefix
+        ("--nats-url", "JETSERVE_NATS_URL"),
+    ]
+    assert table["metrics_port"].env == "JETSERVE_DEMO_METRICS_PORT"
+    assert table["shutdown_grace_s"].env == "JETSERVE_DEMO_SHUTDOWN_GRACE_S"
+
+
+def test_the_dataclass_default_is_the_setting_default() -> None:
+    config = parse([])
+    assert (config.demo_mode, config.count, config.ratio, config.fast, config.path) == (
+        "a",
+        3,
+        None,
+        True,
+        None,
+    )
+    assert DemoConfig.settings()["count"].default == 3 == DemoConfig().count
+
+
+def test_flag_beats_env_beats_default() -> None:
+    assert parse([]).count == 3
+    assert parse([], JETSERVE_DEMO_COUNT="5").count == 5
+    assert parse(["--count", "7"], JETSERVE_DEMO_COUNT="5").count == 7
+
+
+def test_an_empty_env_var_counts_as_unset() -> None:
+    assert parse([], JETSERVE_DEMO_COUNT="").count == 3
+
+
+def test_a_deprecated_alias_is_read_with_a_warning_and_the_new_name_wins() -> None:
+    with pytest.warns(FutureWarning, match="OLD_DEMO_COUNT is deprecated, set JETSERVE_DEMO_COUNT"):
+        assert parse([], OLD_DEMO_COUNT="4").count == 4
+    assert parse([], OLD_DEMO_COUNT="4", JETSERVE_DEMO_COUNT="6").count == 6
+
+
+def test_nats_url_is_also_read_quietly(recwarn: pytest.WarningsRecorder) -> None:
+    assert parse([], NATS_URL="nats://a:1").nats_url == "nats://a:1"
+    assert parse([], NATS_URL="nats://a:1", JETSERVE_NATS_URL="nats://b:2").nats_url == (
+        "nats://b:2"
+    )
+    assert [w for w in recwarn if issubclass(w.category, FutureWarning)] == []
+
+
+def test_old_log_names_still_work_with_a_warning() -> None:
+    with pytest.warns(FutureWarning, match="LOG_LEVEL"):
+        assert parse([], LOG_LEVEL="debug").log_level == "DEBUG"
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "names"),
+    [
+        (["--count", "x"], {}, ["--count"]),
+        (["--count", "0"], {}, ["--count", ">= 1"]),
+        (["--demo-mode", "c"], {}, ["--demo-mode"]),
+        (["--ratio", "2"], {}, ["--ratio", "<= 1"]),
+        ([], {"JETSERVE_DEMO_COUNT": "x"}, ["JETSERVE_DEMO_COUNT", "--count"]),
+        ([], {"JETSERVE_DEMO_COUNT": "0"}, ["--count", "JETSERVE_DEMO_COUNT", ">= 1"]),
+        ([], {"JETSERVE_DEMO_FAST": "maybe"}, ["JETSERVE_DEMO_FAST", "--fast"]),
+        ([], {"JETSERVE_DEMO_MODE": "c"}, ["JETSERVE_DEMO_MODE", "--demo-mode"]),
+        (["--namespace", "a.b"], {}, ["--namespace"]),
+    ],
+)
+def test_a_bad_value_is_a_usage_error_naming_the_flag(
+    argv: list[str],
+    environ: dict[str, str],
+    names: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse(argv, **environ)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: python -m services.demo" in err
+    assert [n for n in names if n not in err] == []
+
+
+def test_bools_take_no_forms_and_words() -> None:
+    assert parse(["--no-fast"]).fast is False
+    assert parse([], JETSERVE_DEMO_FAST="off").fast is False
+    assert parse(["--fast"], JETSERVE_DEMO_FAST="0").fast is True
+
+
+def test_optional_values_take_empty_for_unset() -> None:
+    assert parse(["--ratio", "0.5"]).ratio == 0.5
+    assert parse(["--ratio", ""], JETSERVE_DEMO_RATIO="0.5").ratio is None
+    assert parse(["--path", "/tmp/x"]).path == Path("/tmp/x")
+
+
+def test_a_computed_default_is_computed_unless_given() -> None:
+    assert parse([]).ident == "generated"
+    assert parse(["--ident", ""]).ident == "generated"
+    assert parse(["--ident", "x"]).ident == "x"
+    assert DemoConfig.settings()["ident"].default_text() == "random"
+
+
+def test_direct_construction_checks_bounds_and_choices() -> None:
+    with pytest.raises(SettingError, match="--count"):
+        DemoConfig(count=0)
+    with pytest.raises(SettingError, match="--demo-mode"):
+        DemoConfig(demo_mode="z")
     with pytest.raises(ValueError, match="JETSERVE_NAMESPACE"):
         CommonConfig(namespace="a.b")
+
+
+def test_help_names_the_env_var_and_the_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "How many [env JETSERVE_DEMO_COUNT; default 3; must be >= 1]" in out
+
+
+def test_a_settings_table_adds_to_any_parser() -> None:
+    parser = argparse.ArgumentParser()
+    CommonConfig.settings().select("namespace").add_to(parser)
+    table = CommonConfig.settings().select("namespace")
+    assert table.resolved(parser.parse_args([]), {}) == {"namespace": "jetserve"}
+    assert table.resolved(parser.parse_args([]), {"JETSERVE_NAMESPACE": "e"}) == {"namespace": "e"}
+    assert table.resolved(parser.parse_args(["--namespace", "f"]), {}) == {"namespace": "f"}
+
+
+def test_an_unsupported_field_type_is_refused() -> None:
+    @dataclass(frozen=True)
+    class Bad:
+        SERVICE: ClassVar[str] = "bad"
+        items: tuple[str, ...] = setting((), "no")
+
+    with pytest.raises(TypeError, match=r"Bad\.items"):
+        settings_of(Bad)
+
+
+@pytest.mark.parametrize("service", ["gateway", "preprocessor", "router", "formatter", "mocker"])
+def test_every_field_of_a_service_config_is_a_setting(service: str) -> None:
+    cls = service_configs()[service]
+    fields = [f.name for f in dataclasses.fields(cls)]
+    assert [s.name for s in cls.settings()] == fields
+    assert service == cls.SERVICE
+
+
+@pytest.mark.parametrize("cls", [GatewayConfig, RouterConfig, MockerConfig])
+def test_worker_ttl_is_per_service_and_reads_the_old_shared_name(cls: type[CommonConfig]) -> None:
+    item = cls.settings()["worker_ttl_s"]
+    assert item.env == f"JETSERVE_{cls.SERVICE.upper()}_WORKER_TTL_S"
+    assert item.aliases == ("JETSERVE_WORKER_TTL_S",)
+
+
+def test_one_shutdown_grace_setting_in_every_service() -> None:
+    for cls in service_configs().values():
+        assert cls.settings()["shutdown_grace_s"].flag == "--shutdown-grace-s"
+    assert FormatterConfig().shutdown_grace_s == 30.0
+    assert MockerConfig().shutdown_grace_s == 10.0
+
+
+def test_env_var_names_are_unique_per_service_and_carry_the_prefix() -> None:
+    common = {
+        "JETSERVE_NATS_URL",
+        "JETSERVE_NAMESPACE",
+        "JETSERVE_LOG_LEVEL",
+        "JETSERVE_LOG_FORMAT",
+    }
+    for service, cls in service_configs().items():
+        names = cls.settings().env_vars()
+        assert len(names) == len(set(names))
+        odd = [
+            n for n in names if n not in common and not n.startswith(f"JETSERVE_{service.upper()}_")
+        ]
+        assert odd == []
+        flags = [s.flag for s in cls.settings()]
+        assert [f for f in flags if f.endswith("-secs")] == []

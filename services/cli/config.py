@@ -1,0 +1,163 @@
+"""``jetserve up``'s settings, and its pass-through flags generated from the services' tables.
+
+Pass-through scheme: every setting ``--x`` of service ``S`` is ``jetserve up --S-x`` (a leading
+``S-`` is not repeated: the router's ``--router-mode`` stays ``--router-mode``) and reaches every
+process of ``S`` as ``--x``. Bools keep their ``--no-`` form (``--no-router-kv-events``). Not
+passed through: the settings every service shares (``up`` sets NATS URL, namespace and logging
+itself), per-instance ids (each process picks its own) and what ``up`` owns (the gateway's
+listen address and ports, the mocker's model path and name: ``up`` has its own flags for them).
+A service's env vars reach it too: ``up`` passes its environment on to every process.
+
+The launcher reads each service's settings table, so it imports the services' ``config``
+modules (by name, from ``SERVICES``); it never imports service code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from shared.config import CommonConfig, Setting, Settings, setting, settings_of
+from shared.model_dir import DEFAULT_MODEL_NAME
+
+SERVICES = ("gateway", "preprocessor", "router", "formatter", "mocker")
+"""Every service ``jetserve up`` runs, in request-path order."""
+LAUNCHER_OWNED: dict[str, frozenset[str]] = {
+    "gateway": frozenset({"http_host", "http_port", "grpc_port"}),
+    "mocker": frozenset({"model_path", "model_name"}),
+}
+"""Service settings that ``jetserve up`` sets from its own flags (not passed through)."""
+UP_COMMON = ("namespace", "log_level", "log_format")
+"""Settings shared by every service that ``jetserve up`` takes and hands to each of them."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpConfig:
+    """The launcher's own settings (``JETSERVE_UP_*``)."""
+
+    SERVICE: ClassVar[str] = "up"
+
+    http_host: str = setting("127.0.0.1", "Gateway HTTP bind address")
+    http_port: int = setting(8000, "Gateway HTTP port (0 = pick a free one)", ge=0, le=65535)
+    grpc_port: int = setting(
+        8001, "Gateway gRPC port (reserved: gRPC is not served yet)", ge=0, le=65535
+    )
+    nats_port: int = setting(
+        0, "Port of the private nats-server (0 = pick a free one)", ge=0, le=65535
+    )
+    nats_url: str = setting("", "Use this NATS server instead of starting one (empty = start one)")
+    workers: int = setting(2, "Mocker worker processes", ge=1)
+    model_path: Path | None = setting(
+        None, "Local model directory (unset = the bundled Qwen3 tokenizer in the user cache)"
+    )
+    model_name: str = setting(DEFAULT_MODEL_NAME, "Served model name")
+    log_to_terminal: bool = setting(
+        False, "Let services log to this terminal instead of files in the run dir"
+    )
+    run_dir: Path | None = setting(
+        None,
+        "Folder for logs, pids and the NATS store (unset = a new temp dir, removed after a "
+        "clean exit)",
+    )
+    keep_run_dir: bool = setting(
+        False, "Keep the temp run dir after a clean exit (it is always kept after a failure)"
+    )
+
+    def __post_init__(self) -> None:
+        settings_of(UpConfig).check(self)
+
+
+def up_settings() -> Settings:
+    return settings_of(UpConfig)
+
+
+def up_common_settings() -> Settings:
+    return CommonConfig.settings().select(*UP_COMMON)
+
+
+@functools.cache
+def service_configs() -> dict[str, type[CommonConfig]]:
+    """Each service's config class (the ``CommonConfig`` subclass of ``services.<name>.config``)."""
+    found: dict[str, type[CommonConfig]] = {}
+    for name in SERVICES:
+        module = importlib.import_module(f"services.{name}.config")
+        found[name] = next(
+            cls
+            for cls in vars(module).values()
+            if isinstance(cls, type) and issubclass(cls, CommonConfig) and name == cls.SERVICE
+        )
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class PassThrough:
+    """One service setting as a ``jetserve up`` flag."""
+
+    service: str
+    setting: Setting
+
+    @property
+    def flag(self) -> str:
+        own = self.setting.flag.removeprefix("--").removeprefix(f"{self.service}-")
+        return f"--{self.service}-{own}"
+
+    @property
+    def dest(self) -> str:
+        return f"{self.service}:{self.setting.name}"
+
+    def help(self) -> str:
+        s = self.setting
+        return f"{s.help} [{self.service} {s.flag}; default {s.default_text()}]"
+
+
+def pass_through() -> Iterator[PassThrough]:
+    """Every service setting that ``jetserve up`` passes through, service by service."""
+    for service, cls in service_configs().items():
+        owned = LAUNCHER_OWNED.get(service, frozenset())
+        for item in cls.settings():
+            if item.common or item.per_instance or item.name in owned:
+                continue
+            yield PassThrough(service, item)
+
+
+def add_up_options(parser: argparse.ArgumentParser) -> None:
+    """``jetserve up``'s own options, the shared ones, then one group per service."""
+    up_settings().add_to(parser)
+    up_common_settings().add_to(parser)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for item in pass_through():
+        if item.service not in groups:
+            groups[item.service] = parser.add_argument_group(
+                f"{item.service} settings",
+                f"Passed to every {item.service} process (python -m services.{item.service} "
+                "--help); unset = its own env var, then its default.",
+            )
+        item.setting.add_to(groups[item.service], flag=item.flag, dest=item.dest, help=item.help())
+
+
+@dataclass(frozen=True, slots=True)
+class UpPlan:
+    """What ``jetserve up`` was asked for, parsed and checked."""
+
+    up: UpConfig
+    common: dict[str, Any]
+    service_args: dict[str, list[str]]
+
+
+def up_plan(args: argparse.Namespace) -> UpPlan:
+    """Build the plan from parsed flags and the environment (``ValueError`` for a bad value)."""
+    up = UpConfig(**up_settings().values(args))
+    common = up_common_settings().resolved(args)
+    CommonConfig(**common)  # checks the namespace token
+    given = vars(args)
+    service_args: dict[str, list[str]] = {}
+    for item in pass_through():
+        if item.dest in given:
+            argv = item.setting.to_argv(given[item.dest])
+            service_args.setdefault(item.service, []).extend(argv)
+    return UpPlan(up=up, common=common, service_args=service_args)

@@ -1,0 +1,113 @@
+"""``jetserve up``: its options and the pass-through flags generated from the service tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.cli.__main__ import build_parser
+from services.cli.config import (
+    LAUNCHER_OWNED,
+    UpConfig,
+    UpPlan,
+    pass_through,
+    service_configs,
+    up_plan,
+)
+from services.cli.stack import Stack, StackConfig
+
+
+def plan(*argv: str) -> UpPlan:
+    return up_plan(build_parser().parse_args(["up", *argv]))
+
+
+def test_defaults() -> None:
+    result = plan()
+    assert result.up == UpConfig()
+    assert (result.up.http_port, result.up.workers, result.up.run_dir) == (8000, 2, None)
+    assert result.common == {"namespace": "jetserve", "log_level": "INFO", "log_format": "auto"}
+    assert result.service_args == {}
+
+
+def test_service_settings_pass_through_with_the_service_name_as_prefix() -> None:
+    result = plan(
+        "--router-kv-overlap-score-weight",
+        "2",
+        "--router-mode",
+        "kv",
+        "--no-router-kv-events",
+        "--mocker-speedup-ratio",
+        "0",
+        "--router-seed",
+        "",
+        "--formatter-shutdown-grace-s",
+        "5",
+    )
+    assert result.service_args == {
+        # in table order
+        "router": [
+            *("--router-mode", "kv", "--seed", ""),
+            *("--kv-overlap-score-weight", "2.0", "--no-kv-events"),
+        ],
+        "mocker": ["--speedup-ratio", "0.0"],
+        "formatter": ["--shutdown-grace-s", "5.0"],
+    }
+
+
+def test_every_passed_setting_is_accepted_by_its_service() -> None:
+    for item in pass_through():
+        value = item.setting.default if item.setting.default is not None else ""
+        argv = item.setting.to_argv(value)
+        config = service_configs()[item.service].from_cli(argv, environ={})
+        assert getattr(config, item.setting.name) == item.setting.default
+
+
+def test_shared_ids_and_launcher_owned_settings_are_not_passed_through() -> None:
+    flags = {p.flag for p in pass_through()}
+    assert "--router-nats-url" not in flags
+    assert "--router-router-id" not in flags
+    assert "--router-id" not in flags
+    assert "--mocker-worker-id" not in flags
+    for service, names in LAUNCHER_OWNED.items():
+        for item in pass_through():
+            assert not (item.service == service and item.setting.name in names)
+    assert {"--router-mode", "--router-temperature", "--gateway-request-timeout-s"} <= flags
+
+
+def test_bad_values_are_usage_errors_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--router-busy-status", "500"])
+    assert "--router-busy-status" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--workers", "0"])
+    assert "argument --workers: must be >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--workers"):
+        UpConfig(workers=0)
+
+
+def test_up_reads_its_env_vars(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JETSERVE_UP_WORKERS", "3")
+    monkeypatch.setenv("JETSERVE_NAMESPACE", "ns1")
+    monkeypatch.setenv("JETSERVE_UP_RUN_DIR", "/tmp/somewhere")
+    result = plan("--workers", "4")
+    assert (result.up.workers, result.common["namespace"], result.up.run_dir) == (
+        4,
+        "ns1",
+        Path("/tmp/somewhere"),
+    )
+
+
+def test_a_bad_namespace_is_refused() -> None:
+    with pytest.raises(ValueError, match="namespace"):
+        plan("--namespace", "a.b")
+
+
+def test_only_a_temp_run_dir_is_removed(tmp_path: Path) -> None:
+    given = Stack(StackConfig(run_dir=tmp_path))
+    assert given.remove_run_dir() is False
+    assert tmp_path.is_dir()
+    temp = Stack(StackConfig())
+    (temp.run_dir / "router.log").write_text("x")
+    assert temp.remove_run_dir() is True
+    assert not temp.run_dir.exists()
