@@ -1,8 +1,7 @@
 """Worker selection. Pure: no I/O, no clock, no randomness you did not pass in.
 
-A ``Policy`` sees the request and the live workers of its model and names one worker.
-``select_worker`` wraps any policy with what every mode shares: an empty pool is a 503, and a
-request that pins a worker (``Generate.worker_id``) goes there only while it is live.
+A ``Policy`` sees the request and the live (never empty, not busy) workers of its model and
+names one; ``RoutingCore`` handles what every mode shares (empty pools, pinned workers).
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ import random
 from collections.abc import Sequence
 from typing import Protocol
 
-from shared.errors import NotFound, NoWorkerAvailable
 from shared.messages import Generate, WorkerCard
 
 
@@ -57,23 +55,3 @@ def build_policy(mode: str, *, seed: int | None = None) -> Policy:
     if mode == "random":
         return Random(seed)
     raise ValueError(f"unknown router mode {mode!r}")
-
-
-def select_worker(policy: Policy, request: Generate, live: Sequence[WorkerCard]) -> WorkerCard:
-    """The worker for ``request`` among the ``live`` workers of its model.
-
-    Raises:
-        NoWorkerAvailable: no live worker serves the model (503, retry after 1 s).
-        NotFound: the request pins a worker that is not live for its model (404).
-    """
-    if request.worker_id is not None:
-        for card in live:
-            if card.worker_id == request.worker_id:
-                return card
-        raise NotFound(
-            f"worker {request.worker_id} is not a live worker of model {request.model}",
-            param="worker_id",
-        )
-    if not live:
-        raise NoWorkerAvailable(f"no live worker serves model {request.model}", retry_after_s=1.0)
-    return policy.choose(request, live)

@@ -2,22 +2,22 @@
 
 Besides requests, every replica listens to what keeps replicas in agreement: the KV event stream
 (``KvFeed``), every peer's ``RouteDecision``, workers' lifecycle events and load reports, cancels
-and the worker registry. The lease holder snapshots the index (``SnapshotWriter``).
+and the worker registry. The lease holder snapshots the index (``SnapshotWriter``). Every
+subscription goes through the shared handler boundary (``shared.handlers``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 from collections.abc import Callable
-from typing import TypeVar
 
 import msgspec
 import structlog
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from structlog.contextvars import bound_contextvars
 
@@ -28,28 +28,23 @@ from services.router.load import ActiveLoad, BusyThresholds, WorkerReports
 from services.router.metrics import RouterMetrics
 from services.router.snapshots import SnapshotWriter, load_snapshot
 from services.router.sync import KvSync
+from services.router.workers import WorkerTracker
 from shared import codec
 from shared.bounce import Bounces
-from shared.bus import barrier, connect, wait_for_signal
+from shared.bus import barrier
 from shared.errors import InternalError, NoWorkerAvailable, ServiceError
-from shared.messages import (
-    Cancel,
-    Generate,
-    RequestPhase,
-    RouteDecision,
-    WorkerCard,
-    WorkerLoad,
-)
-from shared.metrics import serve_metrics
+from shared.handlers import Boundary
+from shared.messages import Cancel, Generate, RequestPhase, RouteDecision, WorkerCard, WorkerLoad
+from shared.metrics import ServiceMetrics
 from shared.registry import WorkerDirectory, is_live
 from shared.subjects import Subjects
+from shared.tasks import TaskSet
 
 log = structlog.get_logger(__name__)
 
 QUEUE_GROUP = "router"
 MAX_ATTEMPTS = 3
 SWEEP_INTERVAL_S = 1.0
-M = TypeVar("M")
 
 Attempt = tuple[Generate, tuple[str, ...]]
 """A forwarded request and the workers tried so far."""
@@ -74,6 +69,10 @@ def core_settings(config: RouterConfig) -> CoreSettings:
     )
 
 
+def _stream_to(gen: Generate) -> str:
+    return gen.stream_to
+
+
 class Router:
     """One router replica on an open NATS connection."""
 
@@ -91,6 +90,7 @@ class Router:
         self._clock = clock
         self._subjects = Subjects(config.namespace)
         self.metrics = metrics or RouterMetrics()
+        self._boundary = Boundary(nc, self.metrics.base)
         self._directory = directory or WorkerDirectory(
             nc.jetstream(), self._subjects, ttl_s=config.worker_ttl_s, on_change=self._prune
         )
@@ -99,20 +99,25 @@ class Router:
             load=ActiveLoad(config.request_ttl_s),
             reports=WorkerReports(config.load_stale_s),
         )
-        self.core.approx.ttl_s = config.router_ttl_secs
+        self.core.approx.ttl_s = config.router_ttl_s
         self.feed: KvFeed | None = None
         self.snapshots: SnapshotWriter | None = None
         self._rng = random.Random(config.seed)
         self._subs: list[Subscription] = []
         self._route_sub: Subscription | None = None
         self._bounces: Bounces[Attempt] = Bounces(nc, self._subjects, self._on_worker_missing)
-        self._sweeper: asyncio.Task[None] | None = None
-        self._seen_live: set[str] = set()
-        self._unregistered_since: dict[str, float] = {}
+        self._tasks = TaskSet()
+        self._workers = WorkerTracker(config.worker_ttl_s)
+        self._is_debug = log.is_enabled_for(logging.DEBUG)
+        """Per-request lines are DEBUG; at INFO their fields are not even built."""
 
     @property
     def router_id(self) -> str:
         return self._config.router_id
+
+    @property
+    def service_metrics(self) -> ServiceMetrics:
+        return self.metrics.base
 
     def live(self, model: str) -> list[WorkerCard]:
         """The live workers of ``model`` as this replica sees them."""
@@ -120,29 +125,27 @@ class Router:
 
     async def start(self) -> None:
         """Rebuild state (snapshot + stream), follow peers and workers, then take requests."""
-        config = self._config
-        if self.core.is_kv and config.kv_events:
+        if self.core.is_kv and self._config.kv_events:
             await self._start_kv_feed()
-        subjects = self._subjects
-        for subject, handler in (
-            (subjects.decisions, self.on_decision),
-            (subjects.lifecycle_all, self.on_lifecycle),
-            (subjects.load_all, self.on_load),
-            (subjects.cancel, self.on_cancel),
-        ):
-            self._subs.append(await self._nc.subscribe(subject, cb=handler))
+        subjects, on = self._subjects, self._boundary.handler
+        follow = {
+            subjects.decisions: on(codec.decoder(RouteDecision), "decision", self.on_decision),
+            subjects.lifecycle_all: on(codec.decoder(RequestPhase), "phase", self.on_phase),
+            subjects.load_all: on(codec.decoder(WorkerLoad), "load", self.on_load),
+            subjects.cancel: on(codec.decoder(Cancel), "cancel", self.on_cancel),
+        }
+        for subject, callback in follow.items():
+            self._subs.append(await self._nc.subscribe(subject, cb=callback))
         await self._directory.start()
         await self._bounces.start()
-        self._sweeper = asyncio.create_task(self._sweep_loop(), name="router-sweeper")
-        self._route_sub = await self._nc.subscribe(
-            subjects.route, queue=QUEUE_GROUP, cb=self.on_route
-        )
+        self._tasks.spawn(self._sweep_loop(), name="router-sweeper")
+        on_route = on(codec.decoder(Generate), "route", self.on_route, reply_to=_stream_to)
+        self._route_sub = await self._nc.subscribe(subjects.route, queue=QUEUE_GROUP, cb=on_route)
         await barrier(self._nc)  # the server knows the subscriptions before we say "started"
         log.info(
             "router_started",
             mode=self.core.mode_label,
             router_id=self.router_id,
-            namespace=config.namespace,
             stream_seq=self.core.sync.stream_seq,
         )
 
@@ -183,10 +186,7 @@ class Router:
         if self._route_sub is not None:
             with contextlib.suppress(Exception):
                 await self._route_sub.drain()  # type: ignore[no-untyped-call]
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        await self._tasks.close()
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -198,15 +198,9 @@ class Router:
         await self._directory.stop()
 
     # --- requests ------------------------------------------------------------------------------
-    async def on_route(self, msg: Msg) -> None:
-        with self.metrics.base.handling("route"):
-            try:
-                gen = codec.decode(msg.data, Generate)
-            except codec.DecodeError as exc:
-                log.warning("bad_message", subject=msg.subject, error=str(exc))
-                return
-            with bound_contextvars(request_id=gen.request_id):
-                await self._route(gen, ())
+    async def on_route(self, gen: Generate) -> None:
+        """Send ``gen`` to a worker; a failure goes to the formatter (``gen.stream_to``)."""
+        await self._route(gen, ())
 
     def rng_for(self, request_id: str) -> random.Random:
         """Seeded: one generator per request, so every replica breaks its ties alike."""
@@ -214,105 +208,72 @@ class Router:
         return self._rng if seed is None else random.Random(f"{seed}:{request_id}")
 
     async def _route(self, gen: Generate, tried: tuple[str, ...]) -> None:
-        """Send ``gen`` to a live worker not in ``tried``; failures go to the formatter."""
-        try:
-            now = self._clock()
-            live = [c for c in self._directory.live(gen.model) if c.worker_id not in tried]
-            decision = self.core.decide(gen, live, now=now, rng=self.rng_for(gen.request_id))
-            self.core.commit(decision, now)
-            routed = msgspec.structs.replace(gen, worker_id=decision.worker_id)
-            # A worker gone since its last heartbeat bounces this back: retry another one.
-            reply = self._bounces.reply_for(gen.request_id, (gen, (*tried, decision.worker_id)))
-            await self._nc.publish(
-                self._subjects.generate(decision.worker_id), codec.encode(routed), reply=reply
-            )
-            await self._nc.publish(self._subjects.decisions, codec.encode(decision))
-        except ServiceError as exc:
-            log.warning("request_rejected", code=exc.code, error=exc.message)
-            self.metrics.base.error(exc.code)
-            await self._fail(gen, exc)
-            return
-        except Exception:  # the handler boundary: log once, tell the client
-            log.exception("route_failed")
-            await self._fail(gen, InternalError("the router failed to route the request"))
-            return
+        """Send ``gen`` to a live worker not in ``tried``; raises ``ServiceError`` if none."""
+        now = self._clock()
+        live = [c for c in self._directory.live(gen.model) if c.worker_id not in tried]
+        decision = self.core.decide(gen, live, now=now, rng=self.rng_for(gen.request_id))
+        self.core.commit(decision, now)
+        routed = msgspec.structs.replace(gen, worker_id=decision.worker_id)
+        # A worker gone since its last heartbeat bounces this back: retry another one.
+        reply = self._bounces.reply_for(gen.request_id, (gen, (*tried, decision.worker_id)))
+        await self._nc.publish(
+            self._subjects.generate(decision.worker_id), codec.encode(routed), reply=reply
+        )
+        await self._nc.publish(self._subjects.decisions, codec.encode(decision))
         self.metrics.decisions.labels(decision.mode).inc()
         self.metrics.overlap_blocks.observe(decision.overlap_blocks)
-        log.info(
-            "request_routed",
-            worker_id=decision.worker_id,
-            mode=decision.mode,
-            overlap_blocks=decision.overlap_blocks,
-            prompt_blocks=decision.prompt_blocks,
-            costs={c.worker_id: round(c.cost, 3) for c in decision.candidates},
-            retry=len(tried),
-        )
+        if self._is_debug:
+            log.debug(
+                "request_routed",
+                worker_id=decision.worker_id,
+                mode=decision.mode,
+                overlap_blocks=decision.overlap_blocks,
+                prompt_blocks=decision.prompt_blocks,
+                costs={c.worker_id: round(c.cost, 3) for c in decision.candidates},
+                retry=len(tried),
+            )
 
     async def _on_worker_missing(self, request_id: str, attempt: Attempt, subject: str) -> None:
+        """A bounce from a vanished worker: retry another one, or fail the request."""
         gen, tried = attempt
         with bound_contextvars(request_id=request_id):
             log.warning("worker_unreachable", worker_id=tried[-1], subject=subject)
             self.core.on_cancel(request_id)
-            if gen.worker_id is not None or len(tried) >= MAX_ATTEMPTS:
-                await self._fail(gen, NoWorkerAvailable(f"worker {tried[-1]} is unreachable"))
-                return
-            await self._route(gen, tried)
-
-    async def _fail(self, gen: Generate, exc: ServiceError) -> None:
-        await self._nc.publish(gen.stream_to, codec.encode(exc.to_message(gen.request_id)))
+            try:
+                if gen.worker_id is not None or len(tried) >= MAX_ATTEMPTS:
+                    raise NoWorkerAvailable(f"worker {tried[-1]} is unreachable")
+                await self._route(gen, tried)
+            except ServiceError as exc:
+                await self._boundary.fail(gen.stream_to, request_id, exc)
+            except Exception:  # outside any handler, so this is the boundary: log once, 500
+                log.exception("request_crashed", kind="reroute")
+                failure = InternalError("the router failed to route the request")
+                self.metrics.base.error(failure.code)
+                await self._boundary.publish_failure(gen.stream_to, failure.to_message(request_id))
 
     # --- what keeps replicas in agreement ------------------------------------------------------
-    async def on_decision(self, msg: Msg) -> None:
-        decision = self._decode(msg, RouteDecision)
-        if decision is not None and decision.router_id != self.router_id:
+    async def on_decision(self, decision: RouteDecision) -> None:
+        if decision.router_id != self.router_id:
             self.core.commit(decision, self._clock())
 
-    async def on_lifecycle(self, msg: Msg) -> None:
-        phase = self._decode(msg, RequestPhase)
-        if phase is not None:
-            self.core.on_phase(phase)
+    async def on_phase(self, phase: RequestPhase) -> None:
+        self.core.on_phase(phase)
 
-    async def on_load(self, msg: Msg) -> None:
-        report = self._decode(msg, WorkerLoad)
-        if report is not None:
-            self.core.on_load(report, self._clock())
+    async def on_load(self, report: WorkerLoad) -> None:
+        self.core.on_load(report, self._clock())
 
-    async def on_cancel(self, msg: Msg) -> None:
-        cancel = self._decode(msg, Cancel)
-        if cancel is not None:
-            self.core.on_cancel(cancel.request_id)
-
-    @staticmethod
-    def _decode(msg: Msg, kind: type[M]) -> M | None:
-        try:
-            return codec.decode(msg.data, kind)
-        except codec.DecodeError as exc:
-            log.warning("bad_message", subject=msg.subject, error=str(exc))
-            return None
+    async def on_cancel(self, cancel: Cancel) -> None:
+        self.core.on_cancel(cancel.request_id)
 
     # --- housekeeping --------------------------------------------------------------------------
     def _prune(self) -> None:
-        """Drop the state of workers that left the registry (deleted or expired cards).
-
-        A worker that was never registered (its events can precede its card) is dropped only
-        after a worker TTL without a card.
-        """
+        """Drop the state of workers that left the registry (``WorkerTracker`` decides which)."""
         now = self._clock()
         ttl_s = self._config.worker_ttl_s
         live = {w for w, c in self._directory.view.cards.items() if is_live(c, now, ttl_s)}
-        self._seen_live |= live
-        for worker_id in self.core.known_workers() - live:
-            if worker_id not in self._seen_live:
-                since = self._unregistered_since.setdefault(worker_id, now)
-                if now - since < ttl_s:
-                    continue
-            self._seen_live.discard(worker_id)
-            self._unregistered_since.pop(worker_id, None)
+        for worker_id in self._workers.departed(self.core.known_workers(), live, now):
             if self.core.remove_worker(worker_id):
                 log.info("worker_dropped", worker_id=worker_id)
-        for worker_id in list(self._unregistered_since):
-            if worker_id in live:
-                del self._unregistered_since[worker_id]
 
     async def _sweep_loop(self) -> None:
         while True:
@@ -330,17 +291,3 @@ class Router:
         self.metrics.index_nodes.set(index.num_nodes)
         self.metrics.active_requests.set(len(self.core.load))
         self.metrics.base.set_in_flight(len(self.core.load))
-
-
-async def serve(config: RouterConfig, stop: asyncio.Event | None = None) -> None:
-    """Run one router until SIGINT/SIGTERM (or ``stop``), then drain."""
-    nc = await connect(config.nats_url, name="jetserve-router")
-    router = Router(config, nc)
-    serve_metrics(router.metrics.base, config.metrics_port)
-    try:
-        await router.start()
-        await wait_for_signal(stop)
-        log.info("shutdown_started")
-        await router.stop()
-    finally:
-        await nc.drain()

@@ -70,10 +70,6 @@ class Lease:
         self._holder = holder.encode()
         self.revision: int | None = None
 
-    @property
-    def is_held(self) -> bool:
-        return self.revision is not None
-
     async def refresh(self) -> bool:
         """Renew the lease if held, else try to take it; True while this replica holds it."""
         if self.revision is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from nats.aio.client import Client
+
 from services.mocker.service import ModelInfo
 from shared import codec
 from shared.messages import Generate, RequestFailed, SamplingParams, WorkerCard
@@ -28,7 +30,7 @@ def _generate(stream: Stream, max_tokens: int = 4) -> Generate:
     )
 
 
-async def _ghost(nc, subjects: Subjects) -> WorkerRegistration:
+async def _ghost(nc: Client, subjects: Subjects) -> WorkerRegistration:
     """A worker card in the registry with nobody behind it (a worker that just died)."""
     card = WorkerCard(worker_id="ghost", model=MODEL, started_at=time.time())
     reg = WorkerRegistration(nc.jetstream(), subjects, card, ttl_s=30)
@@ -37,7 +39,7 @@ async def _ghost(nc, subjects: Subjects) -> WorkerRegistration:
 
 
 async def test_router_retries_another_worker_when_the_chosen_one_is_gone(
-    nats_url: str, subjects: Subjects, nc, model_info: ModelInfo
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
 ) -> None:
     ghost = await _ghost(nc, subjects)
     try:
@@ -55,7 +57,7 @@ async def test_router_retries_another_worker_when_the_chosen_one_is_gone(
 
 
 async def test_only_unreachable_workers_give_503_to_the_formatter(
-    nats_url: str, subjects: Subjects, nc
+    nats_url: str, subjects: Subjects, nc: Client
 ) -> None:
     ghost = await _ghost(nc, subjects)
     try:

@@ -12,6 +12,8 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from structlog.contextvars import merge_contextvars
+from structlog.testing import capture_logs
 from tokenizers import Tokenizer
 
 from services.preprocessor.config import PreprocessorConfig
@@ -268,3 +270,51 @@ async def test_formatter_failure_is_forwarded(
     await send(nc, subjects, max_tokens=8)
     failed = await failure_of(gateway)
     assert (failed.code, failed.status) == ("overloaded", 503)
+
+
+def errors_counted(service: Preprocessor, code: str) -> float:
+    """``jetserve_errors_total{service="preprocessor", code=...}`` from the service's registry."""
+    labels = {"service": "preprocessor", "code": code}
+    return service.metrics.registry.get_sample_value("jetserve_errors_total", labels) or 0.0
+
+
+@pytest.mark.usefixtures("published")
+class TestErrorsKeepTheirCode:
+    """A failure is logged and counted under its own code, a remote one too (not internal)."""
+
+    @pytest.fixture
+    async def refusing_formatter(self, nc: Client, subjects: Subjects) -> FakeFormatter:
+        refusal = RequestFailed(request_id="x", code="overloaded", message="busy", status=503)
+        fake = FakeFormatter(subjects, failure=refusal)
+        await nc.subscribe(subjects.formatter_open, queue="formatter", cb=fake.on_open)
+        await nc.flush()
+        return fake
+
+    @pytest.mark.usefixtures("refusing_formatter")
+    async def test_a_formatters_refusal_is_counted_under_its_code(
+        self, nc: Client, subjects: Subjects, gateway: Subscription, preprocessor: Preprocessor
+    ) -> None:
+        await send(nc, subjects, max_tokens=8)
+        await failure_of(gateway)
+        counted = (errors_counted(preprocessor, c) for c in ("overloaded", "internal_error"))
+        assert tuple(counted) == (1.0, 0.0)
+
+    @pytest.mark.usefixtures("refusing_formatter", "preprocessor")
+    async def test_a_formatters_refusal_is_logged_under_its_code(
+        self, nc: Client, subjects: Subjects, gateway: Subscription
+    ) -> None:
+        with capture_logs(processors=[merge_contextvars]) as logs:
+            request_id = await send(nc, subjects, max_tokens=8)
+            await failure_of(gateway)
+        failed = [e for e in logs if e["event"] in ("request_failed", "request_crashed")]
+        assert [(e["event"], e["code"], e["request_id"]) for e in failed] == [
+            ("request_failed", "overloaded", request_id)
+        ]
+
+    @pytest.mark.usefixtures("formatter")
+    async def test_an_unknown_model_is_counted_as_model_not_found(
+        self, nc: Client, subjects: Subjects, gateway: Subscription, preprocessor: Preprocessor
+    ) -> None:
+        await send(nc, subjects, model="no/such-model")
+        await failure_of(gateway)
+        assert errors_counted(preprocessor, "model_not_found") == 1.0

@@ -51,7 +51,11 @@ async def test_two_replicas_route_the_same_requests_identically(
             chosen.append(plan_a.worker_id)
             # route it for real through the queue group: one replica decides, the other follows
             await nc.publish(subjects.route, codec.encode(gen))
-            await until(lambda g=gen: g.request_id in a.core.load and g.request_id in b.core.load)
+
+            def both_count(rid: str = gen.request_id) -> bool:
+                return rid in a.core.load and rid in b.core.load
+
+            await until(both_count)
             if i % 4 == 3:  # some requests finish, some are cancelled
                 await nc.publish(
                     subjects.lifecycle("w1"),
