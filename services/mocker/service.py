@@ -2,7 +2,8 @@
 
 Each worker (``worker.py``) has its own id, card, ``generate``/``cancel``/``kv_dump``
 subscriptions, engine, engine-loop task and KV event sender; the KV-events stream is ensured
-once per process before any worker publishes to it.
+once per process before any worker publishes to it. ``python -m services.mocker`` runs a
+``Mocker`` under ``shared.lifecycle.run_service``.
 """
 
 from __future__ import annotations
@@ -10,23 +11,19 @@ from __future__ import annotations
 import asyncio
 import time
 
-import structlog
 from nats.aio.client import Client
 
 from services.mocker.config import MockerConfig
 from services.mocker.metrics import MockerMetrics
 from services.mocker.model import ModelInfo, load_model_info
 from services.mocker.worker import MockWorker
-from shared.bus import connect, wait_for_signal
 from shared.kv_stream import ensure_kv_stream
 from shared.messages import ModelCard
-from shared.metrics import serve_metrics
+from shared.metrics import ServiceMetrics
 from shared.registry import publish_model
 from shared.subjects import Subjects
 
-__all__ = ["MockWorker", "Mocker", "ModelInfo", "load_model_info", "serve"]
-
-log = structlog.get_logger(__name__)
+__all__ = ["MockWorker", "Mocker", "ModelInfo", "load_model_info"]
 
 
 class Mocker:
@@ -45,6 +42,10 @@ class Mocker:
         self._subjects = Subjects(config.namespace)
         self._model = model
         self.workers: list[MockWorker] = []
+
+    @property
+    def service_metrics(self) -> ServiceMetrics:
+        return self.metrics.service
 
     async def start(self) -> None:
         """Publish the model's files and card, ensure the KV stream, start every worker."""
@@ -76,18 +77,3 @@ class Mocker:
         """Stop every worker at once (each leaves the registry first)."""
         grace_s = self.config.shutdown_grace_s
         await asyncio.gather(*(w.stop(grace_s) for w in self.workers))
-
-
-async def serve(config: MockerConfig, stop: asyncio.Event | None = None) -> None:
-    """Run the mocker until SIGINT/SIGTERM (or ``stop``), then shut down and drain."""
-    metrics = MockerMetrics()
-    serve_metrics(metrics.service, config.metrics_port)
-    nc = await connect(config.nats_url, name="jetserve-mocker")
-    mocker = Mocker(config, nc, metrics=metrics)
-    try:
-        await mocker.start()
-        await wait_for_signal(stop)
-        log.info("shutdown_started")
-        await mocker.stop()
-    finally:
-        await nc.drain()

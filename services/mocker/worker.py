@@ -1,7 +1,9 @@
 """One simulated GPU worker: ``generate``/``cancel`` subscriptions → engine loop → token batches.
 
-The loop steps the engine, sleeps the simulated time (or bursts at speedup 0, see decision
-005), hands KV events to the publisher without waiting, and publishes lifecycle and load.
+The loop steps the engine, sleeps and flushes when ``pacing.Pacer`` says (decision 005), hands
+KV events to the publisher without waiting, and publishes lifecycle and load. The handlers sit
+on the shared boundary (``shared.handlers``): a rejected request is answered on its stream and
+its slot freed (phase ``finished``) there.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import time
 
 import structlog
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from structlog.contextvars import bound_contextvars
 
@@ -21,6 +22,7 @@ from services.mocker.engine import Emission, Engine, EngineConfig, EngineError
 from services.mocker.metrics import MockerMetrics
 from services.mocker.model import ModelInfo
 from services.mocker.outbox import Outbox
+from services.mocker.pacing import Pacer
 from services.mocker.publisher import WorkerPublisher
 from shared import codec
 from shared.bus import barrier
@@ -32,6 +34,7 @@ from shared.errors import (
     ServiceError,
     ShuttingDown,
 )
+from shared.handlers import Boundary
 from shared.hashing import salted_seed
 from shared.messages import Cancel, Generate, TokenBatch, WorkerCard
 from shared.recent import RecentIds
@@ -39,13 +42,6 @@ from shared.registry import WorkerRegistration
 from shared.subjects import Subjects
 
 log = structlog.get_logger(__name__)
-
-FLUSH_EVERY_STEPS = 8
-"""At speedup 0, publish buffered tokens (and yield) after this many back-to-back steps ..."""
-FLUSH_INTERVAL_S = 0.001
-"""... or after this much wall time, whichever comes first."""
-MAX_TIMING_DEBT_S = 0.05
-"""When publishing falls behind the simulated clock, forgive at most this much lag."""
 
 
 def engine_config(config: MockerConfig, model: ModelInfo) -> EngineConfig:
@@ -61,6 +57,10 @@ def engine_config(config: MockerConfig, model: ModelInfo) -> EngineConfig:
         speedup_ratio=config.speedup_ratio,
         eos_token_ids=model.eos_token_ids,
     )
+
+
+def _stream_to(gen: Generate) -> str:
+    return gen.stream_to
 
 
 class MockWorker:
@@ -80,7 +80,7 @@ class MockWorker:
         self._subjects = subjects
         self._config = config
         self._model = model
-        self._metrics = metrics
+        self._boundary = Boundary(nc, metrics.service)
         self.engine = Engine(engine_config(config, model), model.corpus)
         self.publisher = WorkerPublisher(
             nc,
@@ -117,12 +117,22 @@ class MockWorker:
         self.engine.reset_cache()  # event 1 = AllBlocksCleared: routers drop a past life's blocks
         await self.publisher.start()
         self._accepting = True
-        self._subs.append(
-            await self._nc.subscribe(self._subjects.generate(self.worker_id), cb=self.on_generate)
+        on_generate = self._boundary.handler(
+            codec.decoder(Generate),
+            "generate",
+            self.on_generate,
+            reply_to=_stream_to,
+            after_failure=self._free_slot,
         )
-        self._subs.append(await self._nc.subscribe(self._subjects.cancel, cb=self.on_cancel))
+        on_cancel = self._boundary.handler(codec.decoder(Cancel), "cancel", self.on_cancel)
+        # Tasks copy the context they start in: the subscriptions' (nats-py starts one per
+        # subscription) and the engine loop's log lines carry the worker id.
+        with bound_contextvars(worker_id=self.worker_id):
+            generate = self._subjects.generate(self.worker_id)
+            self._subs.append(await self._nc.subscribe(generate, cb=on_generate))
+            self._subs.append(await self._nc.subscribe(self._subjects.cancel, cb=on_cancel))
+            self._loop_task = asyncio.create_task(self._loop(), name=f"engine-{self.worker_id}")
         await barrier(self._nc)  # subscribed on the server before the card says "ready"
-        self._loop_task = asyncio.create_task(self._loop(), name=f"engine-{self.worker_id}")
         await self._registration.start()
         log.info("worker_started", worker_id=self.worker_id, model=self._config.model_name)
 
@@ -137,7 +147,9 @@ class MockWorker:
             await asyncio.wait_for(self._idle.wait(), timeout=grace_s)
         except TimeoutError:
             cancelled = self.engine.cancel_all()
-            log.warning("requests_cancelled_on_shutdown", count=len(cancelled))
+            log.warning(
+                "requests_cancelled_on_shutdown", worker_id=self.worker_id, count=len(cancelled)
+            )
             for emission in cancelled:
                 self._outbox.add(emission)
             await self._phases(cancelled)
@@ -153,37 +165,21 @@ class MockWorker:
         await self.publisher.stop()
         log.info("worker_stopped", worker_id=self.worker_id)
 
-    # --- handlers --------------------------------------------------------------------------------
+    # --- handlers (on the shared boundary: decoded, request id bound, failures answered) ---------
 
-    async def on_generate(self, msg: Msg) -> None:
-        try:
-            gen = codec.decode(msg.data, Generate)
-        except codec.DecodeError as exc:
-            log.warning("bad_message", subject=msg.subject, error=str(exc))
+    async def on_generate(self, gen: Generate) -> None:
+        if self._early_cancels.pop(gen.request_id, time.monotonic()):
+            await self._drop_cancelled(gen)
             return
-        with (
-            bound_contextvars(request_id=gen.request_id, worker_id=self.worker_id),
-            self._metrics.service.handling("generate"),
-        ):
-            if self._early_cancels.pop(gen.request_id, time.monotonic()):
-                await self._drop_cancelled(gen)
-                return
-            try:
-                self._admit(gen)
-                return
-            except ServiceError as exc:
-                log.warning("request_rejected", code=exc.code, error=exc.message)
-                failed = exc
-            except Exception:
-                log.exception("request_failed")
-                failed = InternalError("the worker failed to accept the request")
-            self._metrics.service.error(failed.code)
-            await self._nc.publish(gen.stream_to, codec.encode(failed.to_message(gen.request_id)))
-            await self.publisher.phase(gen.request_id, "finished")  # routers free its slot
+        self._admit(gen)
+
+    async def _free_slot(self, gen: Generate, _: ServiceError) -> None:
+        """A rejected or failed request: routers free its slot."""
+        await self.publisher.phase(gen.request_id, "finished")
 
     async def _drop_cancelled(self, gen: Generate) -> None:
         """The client gave up before this request reached us: end it without generating."""
-        log.info("request_cancelled", worker_id=self.worker_id, reason="cancelled_before_arrival")
+        log.debug("request_cancelled", reason="cancelled_before_arrival")
         ended = TokenBatch(
             request_id=gen.request_id,
             token_ids=(),
@@ -222,24 +218,14 @@ class MockWorker:
         self._idle.clear()
         self._wake.set()
 
-    async def on_cancel(self, msg: Msg) -> None:
-        try:
-            cancel = codec.decode(msg.data, Cancel)
-        except codec.DecodeError as exc:
-            log.warning("bad_message", subject=msg.subject, error=str(exc))
-            return
+    async def on_cancel(self, cancel: Cancel) -> None:
         emission = self.engine.cancel(cancel.request_id)
         if emission is None:
             # Not ours (cancel is a broadcast), finished, or still on its way to us.
             self._early_cancels.add(cancel.request_id, time.monotonic())
             return
         self._outbox.add(emission)
-        log.info(
-            "request_cancelled",
-            request_id=cancel.request_id,
-            worker_id=self.worker_id,
-            reason=cancel.reason,
-        )
+        log.debug("request_cancelled", reason=cancel.reason)
         await self._flush([cancel.request_id])
         await self._phases([emission])
         if not self.engine.has_work:
@@ -262,39 +248,36 @@ class MockWorker:
                 await self.publisher.report_load(is_idle=True)
 
     async def _run_until_idle(self) -> None:
-        """Step while there is work; sleep the simulated time, or burst at speedup 0."""
-        is_sleeping = self._config.speedup_ratio > 0
-        deadline = time.perf_counter()
-        burst_start, burst_steps = deadline, 0
-        emit_before_decode = self._config.dynamo_step_timing
+        """Step while there is work; sleep and publish when the pacer says."""
+        clock = time.perf_counter
+        pacer = Pacer(
+            speedup_ratio=self._config.speedup_ratio,
+            emit_after_prefill=self._config.dynamo_step_timing,
+            now=clock(),
+        )
         while self.engine.has_work:
             out = self.engine.step()
             self.publisher.collect_kv_events()
-            if is_sleeping:
-                now = time.perf_counter()
-                start = max(deadline, now - MAX_TIMING_DEBT_S)
-                deadline = start + out.duration_s
-                # Dynamo's mocker sleeps a step's prefill, emits, then sleeps its decode.
-                emit_at = start + out.prefill_s if emit_before_decode else deadline
-                await asyncio.sleep(max(0.0, emit_at - now))
-            urgent = [e.request_id for e in out.emissions if self._outbox.add(e)]
-            if is_sleeping:
+            if pacer.is_sleeping:
+                now = clock()
+                times = pacer.step(now, out.duration_s, out.prefill_s)
+                await asyncio.sleep(max(0.0, times.emit_at - now))
+                for e in out.emissions:
+                    self._outbox.add(e)
                 await self._flush(self._outbox.dirty())
                 await self._phases(out.emissions)
                 await self.publisher.report_load()
-                if emit_before_decode:
-                    await asyncio.sleep(max(0.0, deadline - time.perf_counter()))
+                if times.end_at is not None:
+                    await asyncio.sleep(max(0.0, times.end_at - clock()))
                 continue
+            urgent = [e.request_id for e in out.emissions if self._outbox.add(e)]
             await self._flush(urgent)
             await self._phases(out.emissions)
-            burst_steps += 1
-            if burst_steps >= FLUSH_EVERY_STEPS or time.perf_counter() - burst_start >= (
-                FLUSH_INTERVAL_S
-            ):
+            if pacer.flush_due(clock()):
                 await self._flush(self._outbox.dirty())
                 await self.publisher.report_load()
                 await asyncio.sleep(0)  # let generate/cancel handlers run
-                burst_start, burst_steps = time.perf_counter(), 0
+                pacer.flushed(clock())
         await self._flush(self._outbox.dirty())
 
     async def _phases(self, emissions: list[Emission]) -> None:
@@ -313,7 +296,7 @@ class MockWorker:
             stream_to, batch = taken
             await self._nc.publish(stream_to, codec.encode(batch))
             if batch.finish_reason is not None:
-                log.info(
+                log.debug(
                     "request_finished",
                     request_id=request_id,
                     worker_id=self.worker_id,

@@ -32,7 +32,9 @@ def _tokens(emissions: list[Emission]) -> list[int]:
     return [t for e in emissions for t in e.token_ids]
 
 
-def _generate(engine: Engine, sampling: SamplingParams, prompt: tuple[int, ...] = (1, 2, 3)):
+def _generate(
+    engine: Engine, sampling: SamplingParams, prompt: tuple[int, ...] = (1, 2, 3)
+) -> tuple[list[int], Emission]:
     engine.add("r", prompt, sampling)
     emissions = _run(engine)["r"]
     return _tokens(emissions), emissions[-1]

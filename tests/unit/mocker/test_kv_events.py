@@ -28,7 +28,7 @@ class TestKvEventLog:
 
     def test_a_batch_keeps_events_in_order_and_names_the_worker(self) -> None:
         log = KvEventLog("w")
-        events = [
+        events: list[AllBlocksCleared | BlockStored | BlockRemoved] = [
             AllBlocksCleared(),
             BlockStored(block_hashes=(1,)),
             BlockRemoved(block_hashes=(1,)),

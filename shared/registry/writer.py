@@ -1,0 +1,140 @@
+"""The writer side (workers): a heartbeated card (``WorkerRegistration``) and ``publish_model``.
+
+Workers of one model start together: a put over an object another worker is putting purges
+the chunks a reader may be fetching, so each file content is uploaded by one worker (the one
+that creates its lease in the uploads bucket) while the others wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from pathlib import Path
+
+import msgspec
+import structlog
+from nats.js.client import JetStreamContext
+from nats.js.errors import KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from shared import codec
+from shared.messages import ModelCard, WorkerCard
+from shared.registry.jetstream import content_digest, object_digest, open_kv
+from shared.registry.layout import (
+    CARD,
+    DEFAULT_WORKER_TTL_S,
+    MODEL_FILES,
+    models_store,
+    object_name,
+    workers_bucket,
+)
+from shared.subjects import Subjects
+
+log = structlog.get_logger(__name__)
+
+UPLOAD_LEASE_S = 30.0
+"""How long another worker waits for the upload it leases; after that it uploads itself."""
+UPLOAD_POLL_S = 0.05
+
+
+async def publish_model(
+    js: JetStreamContext,
+    subjects: Subjects,
+    card: ModelCard,
+    model_dir: Path,
+    *,
+    lease_s: float = UPLOAD_LEASE_S,
+) -> None:
+    """Upload the model's files (only those whose digest changed), then its card."""
+    store = await models_store(js, subjects)
+    leases = await open_kv(js, subjects.model_uploads_bucket, lease_s)
+    names: list[str] = []
+    for file in MODEL_FILES:
+        path = model_dir / file
+        if not path.is_file():
+            continue
+        names.append(file)
+        data = path.read_bytes()
+        await _put_if_changed(store, leases, object_name(card.model, file), data, lease_s)
+    stored = msgspec.structs.replace(card, files=tuple(names))
+    await _put_if_changed(
+        store, leases, object_name(card.model, CARD), codec.encode(stored), lease_s
+    )
+
+
+async def _put_if_changed(
+    store: ObjectStore, leases: KeyValue, name: str, data: bytes, lease_s: float
+) -> None:
+    digest = content_digest(data)
+    if await object_digest(store, name) == digest:
+        return
+    try:
+        await leases.create(upload_lease_key(name, digest), b"")
+    except KeyWrongLastSequenceError:  # another worker is uploading this very content
+        deadline = time.monotonic() + lease_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(UPLOAD_POLL_S)
+            if await object_digest(store, name) == digest:
+                return
+        log.warning("model_upload_lease_expired", name=name)
+    await store.put(name, data)
+    log.info("model_file_uploaded", name=name, size=len(data))
+
+
+def upload_lease_key(name: str, digest: str) -> str:
+    """The lease key of uploading ``digest`` content as object ``name``."""
+    return hashlib.sha256(f"{name}\n{digest}".encode()).hexdigest()
+
+
+class WorkerRegistration:
+    """Keeps one worker card alive in the bucket by heartbeat; deletes it on ``stop``."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        subjects: Subjects,
+        card: WorkerCard,
+        *,
+        ttl_s: float = DEFAULT_WORKER_TTL_S,
+    ) -> None:
+        self._js = js
+        self._subjects = subjects
+        self._card = card
+        self._ttl_s = ttl_s
+        self._kv: KeyValue | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._kv = await workers_bucket(self._js, self._subjects, self._ttl_s)
+        await self._beat()
+        self._task = asyncio.create_task(self._loop(), name="worker-heartbeat")
+
+    async def _beat(self) -> None:
+        assert self._kv is not None
+        now = time.time()
+        card = msgspec.structs.replace(
+            self._card, heartbeat_at=now, started_at=self._card.started_at or now
+        )
+        self._card = card
+        await self._kv.put(card.worker_id, codec.encode(card))
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._ttl_s / 3)
+            try:
+                await self._beat()
+            except Exception as exc:  # noqa: BLE001 - keep beating through NATS hiccups
+                log.warning("heartbeat_failed", error=str(exc))
+
+    async def stop(self) -> None:
+        """Stop the heartbeat and delete the card (the worker leaves the registry at once)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._kv is not None:
+            with contextlib.suppress(Exception):
+                await self._kv.delete(self._card.worker_id)
