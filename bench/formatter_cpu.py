@@ -1,8 +1,9 @@
 """Formatter CPU per 64-token request, batches of 8 and of 1, with the Qwen3 tokenizer.
 
-Run: ``.venv/bin/python -m bench.formatter_cpu`` — (1) the stream handler in-process with a
-fake bus (decode + detokenize + shape + encode, no sockets); (2) ``python -m
-services.formatter`` as a subprocess on a private nats-server, its CPU read from /proc.
+Run: ``.venv/bin/python -m bench.formatter_cpu`` — (1) in-process with a fake bus: the direct
+open's handler, then the stream subscription's callback (handler boundary + decode + detokenize
++ shape + encode, no sockets); (2) ``python -m services.formatter`` as a subprocess on a private
+nats-server, its CPU read from /proc.
 """
 
 from __future__ import annotations
@@ -74,28 +75,24 @@ class _FakeNc:
         pass
 
 
-class _Reply:
-    async def respond(self, data: bytes) -> None:
-        pass
-
-
 async def in_process(tokenizer: Any, ids: list[int], requests: int = 2000) -> None:
     config = FormatterConfig(formatter_id="f1")
     cache = TokenizerCache(lambda _: asyncio.sleep(0, None))
     cache._ready[DEFAULT_MODEL_NAME] = tokenizer  # bench only: skip the registry
     service = FormatterService(config, _FakeNc(), subjects=Subjects(), tokenizers=cache)  # type: ignore[arg-type]
+    on_stream = service._on_stream_msg  # what the stream subscription calls
     for size in (8, 1):
         for name, output in CASES.items():
             work = []
             for n in range(requests):
-                rid = f"r{n}"
+                rid = f"b{size}-{name}-r{n}"  # unique: an id seen before is dropped as done
                 msgs = [Msg(None, subject=f"s.{rid}", data=b) for b in _batches(rid, ids, size)]  # type: ignore[arg-type]
                 work.append((_open(rid, output, "gw"), msgs))
             started = time.process_time()
             for open_, msgs in work:
-                await service._open(_Reply(), open_, tokenizer)  # type: ignore[arg-type]
+                await service.on_open_direct(open_)
                 for msg in msgs:
-                    await service.on_stream(msg)
+                    await on_stream(msg)
             per_req_us = (time.process_time() - started) / requests * 1e6
             print(f"in-process  batch={size:<2} {name:<13} {per_req_us:8.1f} µs CPU / request")
 
@@ -106,9 +103,9 @@ async def over_nats(model_dir: Path, ids: list[int], requests: int = 3000) -> No
         nc = await nats.connect(url)
         card = ModelCard(model=DEFAULT_MODEL_NAME, context_length=40960)
         await publish_model(nc.jetstream(), subjects, card, model_dir)
-        env = {**os.environ, "NATS_URL": url, "JETSERVE_NAMESPACE": "bench", "LOG_LEVEL": "WARNING"}
-        command = [sys.executable, "-m", "services.formatter"]
-        proc = subprocess.Popen(command, env=env)  # noqa: ASYNC220 - a bench, started once
+        command = [sys.executable, "-m", "services.formatter", "--nats-url", url]
+        command += ["--namespace", "bench", "--log-level", "WARNING"]
+        proc = subprocess.Popen(command)  # noqa: ASYNC220 - a bench, started once
         try:
             for size in (8, 1):
                 await _drive(nc, subjects, proc.pid, ids, size, requests)

@@ -71,6 +71,9 @@ class Detokenizer:
         """
         if self.stopped:
             return ""
+        if stop_token_id is None and not self._stops:  # the per-token common case
+            self.completion_tokens += len(token_ids)
+            return self._decode(token_ids)
         ids = token_ids
         is_eos = stop_token_id is not None and bool(ids) and not self._include_stop
         if is_eos:
@@ -79,10 +82,15 @@ class Detokenizer:
             text = self._push_checking_stops(ids)
         else:
             self.completion_tokens += len(ids)
-            text = (self._stream.step(self._tokenizer, ids) or "") if ids else ""
+            text = self._decode(ids)
         if is_eos and not self.stopped:
             self.completion_tokens += 1
         return text
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        if len(ids) == 1:  # an int is ~0.5 µs cheaper to pass than a one-element sequence
+            return self._stream.step(self._tokenizer, ids[0]) or ""
+        return (self._stream.step(self._tokenizer, ids) or "") if ids else ""
 
     def _push_checking_stops(self, ids: Sequence[int]) -> str:
         # One id at a time, so that a stop string ends generation at the id that completed it.

@@ -21,6 +21,7 @@ class RequestFormatter:
         "_continuous",
         "_detok",
         "_echo_worker",
+        "_is_stream",
         "_parts",
         "_shaper",
         "_started",
@@ -43,6 +44,7 @@ class RequestFormatter:
             skip_special_tokens=out.skip_special_tokens,
         )
         self._shaper: Shaper = shaper_for(open_)
+        self._is_stream = out.stream
         self._parts: list[str] = []
         """Non-streaming: the text so far."""
         self._started = False
@@ -80,14 +82,15 @@ class RequestFormatter:
             self.cached_tokens = batch.cached_tokens
         if batch.worker_id:
             self.worker_id = batch.worker_id
-        text = self._detok.push(batch.token_ids, stop_token_id=batch.stop_token_id)
-        finish = "stop" if self._detok.stopped else batch.finish_reason
+        detok = self._detok
+        text = detok.push(batch.token_ids, stop_token_id=batch.stop_token_id)
+        finish = "stop" if detok.stopped else batch.finish_reason
         if finish is not None:
-            text += self._detok.flush()
+            text += detok.flush()
             self.finish_reason = finish
-        if not self.open.output.stream:
-            return self._collect(text, finish)
-        return self._frames(text, finish)
+        if self._is_stream:
+            return self._frames(text, finish)
+        return self._collect(text, finish)
 
     def _frames(self, text: str, finish: str | None) -> bytes:
         shaper = self._shaper

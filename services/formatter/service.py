@@ -1,41 +1,39 @@
-"""Formatter wiring on raw nats-py: StreamOpen handshake, token batches → ResponseChunk, cancel.
+"""Formatter wiring on raw nats-py: StreamOpen, token batches → ResponseChunk, cancel. I/O only.
 
-Per-token hot path (``on_stream``): decode, look up the request, format, publish. Everything
-that decides something lives in ``request.py`` / ``detokenizer.py`` / ``chunks.py``.
-
-``StreamOpen`` comes either as a queue-group request (answered with ``StreamOpened``) or on this
-instance's direct subject, unanswered (decision 013). After a direct open the token batches may
-arrive first: events for an unknown request are held briefly (``early.py``) and replayed, in
-order, when its open arrives.
+Every subscription goes through the shared handler boundary (``shared.handlers``); what to do
+with each open, event and cancel is decided by ``streams.Streams`` (pure), the formatting by
+``request.py`` / ``detokenizer.py`` / ``chunks.py``. ``StreamOpen`` comes either as a
+queue-group request (answered with ``StreamOpened``) or on this instance's direct subject,
+unanswered, in which case its token batches may arrive first (decision 013).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from structlog.contextvars import bound_contextvars
 
 from services.formatter.config import FormatterConfig
-from services.formatter.early import EarlyEvents
 from services.formatter.request import RequestFormatter
+from services.formatter.streams import Dropped, Held, Ignore, Streams
 from services.formatter.tokenizer_cache import TokenizerCache
 from shared import codec
-from shared.bus import barrier, connect, wait_for_signal
-from shared.errors import (
-    ServiceError,
-    ShuttingDown,
-    UpstreamTimeout,
-)
+from shared.bus import barrier
+from shared.errors import ServiceError, ShuttingDown, UpstreamTimeout
+from shared.handlers import Boundary
 from shared.messages import (
     Cancel,
     FormatterLeaving,
+    Message,
     RequestFailed,
     ResponseChunk,
     StreamOpen,
@@ -43,10 +41,10 @@ from shared.messages import (
     TokenBatch,
     WorkerEvent,
 )
-from shared.metrics import ServiceMetrics, serve_metrics
-from shared.recent import RecentIds
+from shared.metrics import ServiceMetrics
 from shared.registry import ModelFiles
 from shared.subjects import Subjects
+from shared.tasks import TaskSet
 from shared.warmup import ModelWarmer
 
 log = structlog.get_logger(__name__)
@@ -55,9 +53,8 @@ QUEUE_GROUP = "formatter"
 LEAVE_GRACE_S = 0.05
 """On shutdown, after telling preprocessors to stop direct opens, how long to keep taking the
 ones already on their way before draining."""
-DONE_TTL_S = 10.0
-"""Finished or cancelled request ids are remembered this long: their late batches are dropped
-at once instead of being held, and a ``StreamOpen`` that comes after its ``Cancel`` is ignored."""
+STREAM_OPEN = codec.decoder(StreamOpen)
+CANCEL = codec.decoder(Cancel)
 
 
 class FormatterService:
@@ -75,48 +72,66 @@ class FormatterService:
     ) -> None:
         self._config = config
         self.metrics = metrics or ServiceMetrics("formatter")
-        self.metrics.track_in_flight(lambda: len(self._states))
         self._nc = nc
         self._subjects = subjects
         self._tokenizers = tokenizers
         self._clock = clock
-        self._states: dict[str, RequestFormatter] = {}
+        self._streams: Streams[RequestFormatter] = Streams(idle_timeout_s=config.idle_timeout_s)
+        self.metrics.track_in_flight(lambda: self._streams.in_flight)
+        self._tasks = TaskSet()
         self._subs: list[Subscription] = []
         self._open_sub: Subscription | None = None
         self._direct_sub: Subscription | None = None
-        self._early = EarlyEvents()
-        """Events that came before their request's direct ``StreamOpen``."""
-        self._opening: set[str] = set()
-        """Direct opens waiting for a tokenizer: their early events do not age out."""
-        self._done = RecentIds(ttl_s=DONE_TTL_S)
-        self._tasks: set[asyncio.Task[None]] = set()
         self._warmer: ModelWarmer | None = None
         self._closing = False
         self._drained = asyncio.Event()
         """Set, while closing, once the last in-flight request is gone."""
+        self._is_debug = log.is_enabled_for(logging.DEBUG)
+        boundary = self._boundary = Boundary(nc, self.metrics)
+        self._on_stream_msg = boundary.handler(
+            codec.WORKER_EVENTS,
+            "stream",
+            self.on_stream,
+            reply_to=self._reply_subject,
+            after_failure=self._abandon,
+        )
+        self._on_cancel_msg = boundary.handler(CANCEL, "cancel", self.on_cancel)
+        self._on_open_direct_msg = boundary.handler(
+            STREAM_OPEN,
+            "stream_open",
+            self.on_open_direct,
+            reply_to=_gateway,
+            after_failure=self._abandon,
+            tasks=self._tasks,
+        )
+
+    @property
+    def service_metrics(self) -> ServiceMetrics:
+        return self.metrics
 
     @property
     def in_flight(self) -> int:
         """Requests opened and not yet finished."""
-        return len(self._states)
+        return self._streams.in_flight
 
     async def start(self) -> None:
         """Subscribe (stream and cancel first, so no batch for an opened stream is missed)."""
-        nc, subjects = self._nc, self._subjects
-        stream_all = subjects.stream_all(self._config.formatter_id)
-        self._subs.append(await nc.subscribe(stream_all, cb=self.on_stream))
-        self._subs.append(await nc.subscribe(subjects.cancel, cb=self.on_cancel))
+        nc, subjects, formatter_id = self._nc, self._subjects, self._config.formatter_id
+        self._subs.append(
+            await nc.subscribe(subjects.stream_all(formatter_id), cb=self._on_stream_msg)
+        )
+        self._subs.append(await nc.subscribe(subjects.cancel, cb=self._on_cancel_msg))
         self._open_sub = await nc.subscribe(
-            subjects.formatter_open, queue=QUEUE_GROUP, cb=self.on_open
+            subjects.formatter_open, queue=QUEUE_GROUP, cb=self._on_open_msg
         )
         self._direct_sub = await nc.subscribe(
-            subjects.formatter_open_direct(self._config.formatter_id), cb=self.on_open_direct
+            subjects.formatter_open_direct(formatter_id), cb=self._on_open_direct_msg
         )
         await barrier(nc)
-        self._spawn(self._sweep_idle(), name="formatter-idle-sweeper")
+        self._tasks.spawn(self._sweep(), name="formatter-sweeper")
         self._warmer = ModelWarmer(nc.jetstream(), subjects, self._tokenizers.get)
         await self._warmer.start()
-        log.info("formatter_started", formatter_id=self._config.formatter_id)
+        log.info("formatter_started", formatter_id=formatter_id)
 
     async def stop(self) -> None:
         """Stop taking streams, let in-flight ones finish (bounded), fail the rest."""
@@ -132,258 +147,207 @@ class FormatterService:
             await self._nc.publish(subject, codec.encode(leaving))
             await self._nc.flush()
             await asyncio.sleep(LEAVE_GRACE_S)
-        if self._states:
-            log.info("formatter_draining", in_flight=len(self._states))
+        if self._streams.in_flight:
+            log.info("formatter_draining", in_flight=self._streams.in_flight)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._drained.wait(), self._config.shutdown_timeout_s)
+                await asyncio.wait_for(self._drained.wait(), self._config.shutdown_grace_s)
         if self._direct_sub is not None:
             await self._direct_sub.unsubscribe()
-        for request_id in list(self._states):
-            await self._fail(request_id, ShuttingDown("the formatter is shutting down"))
+        for _, state in self._streams.open_requests():
+            await self._fail(state, ShuttingDown("the formatter is shutting down"))
         for sub in self._subs:
             await sub.unsubscribe()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        log.info("formatter_stopped", formatter_id=self._config.formatter_id)
+        await self._tasks.close()
 
-    # --- handlers ----------------------------------------------------------------------------
+    # --- handlers (decoded, request id bound, counted, failures answered by the Boundary) ----
 
-    async def on_open(self, msg: Msg) -> None:
-        """StreamOpen (request/reply): create the request's state, answer where to stream."""
-        with self.metrics.handling("stream_open"):
-            await self._on_open(msg, direct=False)
+    async def _on_open_msg(self, msg: Msg) -> None:
+        """The queue group's callback: a Boundary handler of its own for each handshake.
 
-    async def on_open_direct(self, msg: Msg) -> None:
-        """StreamOpen on this instance's subject: no answer; its batches may already be here."""
-        with self.metrics.handling("stream_open"):
-            await self._on_open(msg, direct=True)
+        The answer goes to ``msg.reply``, which the Boundary does not hand to ``fn``; handshakes
+        are rare (discovery, or ``--no-direct-open``), so building one per message costs little.
+        """
+        reply = msg.reply
 
-    async def _on_open(self, msg: Msg, *, direct: bool) -> None:
-        try:
-            request = codec.decode(msg.data, StreamOpen)
-        except codec.DecodeError as exc:
-            log.warning("stream_open_undecodable", error=str(exc))
-            return
+        async def open_answering(request: StreamOpen) -> None:
+            await self.on_open(request, reply)
+
+        handle = self._boundary.handler(
+            STREAM_OPEN, "stream_open", open_answering, reply_to=lambda _: reply, tasks=self._tasks
+        )
+        await handle(msg)
+
+    async def on_open(self, request: StreamOpen, reply: str) -> None:
+        """StreamOpen on the queue group: answer where to stream (``StreamOpened``), then open."""
+        if self._closing:
+            raise ShuttingDown("the formatter is shutting down")
+        tokenizer = await self._tokenizers.get(request.model)
+        formatter_id, request_id = self._config.formatter_id, request.request_id
+        stream_to = self._subjects.stream(formatter_id, request_id)
+        opened = StreamOpened(request_id=request_id, stream_to=stream_to, formatter_id=formatter_id)
+        await self._nc.publish(reply, codec.encode(opened))
+        await self._open(request, tokenizer, direct=False)
+
+    async def on_open_direct(self, request: StreamOpen) -> None:
+        """StreamOpen on this instance's subject: no answer; its batches may already be here.
+
+        A failure goes to the gateway, with a ``Cancel`` for the worker (``Generate`` is out).
+        """
         tokenizer = self._tokenizers.peek(request.model)
-        # While closing, direct opens still come in until every preprocessor has our notice.
-        if tokenizer is not None and (direct or not self._closing):
-            await self._open(msg, request, tokenizer, direct=direct)
-        else:
-            # First request for a model: load without holding up other StreamOpens.
-            if direct:
-                self._opening.add(request.request_id)
-            coro = self._open_loading(msg, request, direct=direct)
-            self._spawn(coro, name=f"open-{request.request_id}")
-
-    async def _open_loading(self, msg: Msg, request: StreamOpen, *, direct: bool) -> None:
-        try:
+        if tokenizer is None:  # first request for a model: its early events wait for the load
+            # While closing, direct opens still come until every preprocessor has our notice.
             if self._closing:
                 raise ShuttingDown("the formatter is shutting down")
+            self._streams.loading(request.request_id, self._clock())
             tokenizer = await self._tokenizers.get(request.model)
-        except ServiceError as exc:
-            self.metrics.error(exc.code)
-            log.warning("stream_open_failed", request_id=request.request_id, code=exc.code)
-            failed = codec.encode(exc.to_message(request.request_id))
-            if direct:  # Generate is already out: tell the gateway, stop the worker
-                self._opening.discard(request.request_id)
-                self._early.discard(request.request_id)
-                self._done.add(request.request_id, self._clock())
-                await self._nc.publish(request.reply_to, failed)
-                cancel = Cancel(request_id=request.request_id, reason=exc.code)
-                await self._nc.publish(self._subjects.cancel, codec.encode(cancel))
-            else:
-                await msg.respond(failed)
-            return
-        try:
-            await self._open(msg, request, tokenizer, direct=direct)
-        finally:
-            self._opening.discard(request.request_id)
+        await self._open(request, tokenizer, direct=True)
 
-    async def _open(
-        self, msg: Msg, request: StreamOpen, tokenizer: object, *, direct: bool
-    ) -> None:
-        request_id = request.request_id
-        if not direct:
-            stream_to = self._subjects.stream(self._config.formatter_id, request_id)
-            opened = StreamOpened(
-                request_id=request_id, stream_to=stream_to, formatter_id=self._config.formatter_id
-            )
-            await msg.respond(codec.encode(opened))
-        if request_id in self._done:  # cancelled before its open came: the worker drops it too
-            self._early.discard(request_id)
-            log.debug("stream_open_dropped", request_id=request_id, reason="cancelled")
-            return
-        state = RequestFormatter(request, tokenizer, now=self._clock())
-        # Replay what came early. Until the state is registered, anything arriving meanwhile is
-        # held too and picked up by the next round, so the order is kept.
-        while held := self._early.take(request_id):
-            if not await self._replay(state, held):
-                self._early.discard(request_id)
-                self._done.add(request_id, self._clock())
-                return
-        self._states[request_id] = state
-        log.debug("stream_opened", request_id=request_id, api=request.api, direct=direct)
-
-    async def _replay(self, state: RequestFormatter, held: list[tuple[WorkerEvent, bytes]]) -> bool:
-        """Apply events held for ``state``'s request; False once it has ended."""
-        for event, raw in held:
-            if not isinstance(event, TokenBatch):
-                await self._forward_failure(state, event, raw)
-                return False
-            if not await self._on_batch(state, event):
-                return False
-        return True
-
-    async def on_stream(self, msg: Msg) -> None:
-        """A worker's TokenBatch or a hop's RequestFailed for one request.
+    async def on_stream(self, event: WorkerEvent) -> None:
+        """A worker's TokenBatch or a hop's RequestFailed for one request (the per-token path).
 
         A missing router or worker never shows up here as NATS "no responders": the server sends
         that status only to the publishing connection, so the forwarding hop catches it on its
         bounce subject and sends a ``RequestFailed`` instead (``shared.bounce``).
         """
-        with self.metrics.handling("stream"):
-            await self._on_stream(msg)
+        now = self._clock()
+        found = self._streams.on_event(event, now)
+        if isinstance(found, RequestFormatter):
+            await self._deliver(found, event, now)
+        elif self._is_debug:
+            _log_not_delivered(found)
 
-    async def _on_stream(self, msg: Msg) -> None:
-        try:
-            # WorkerEvent is a union, not a class: codec.decode's type[T] cannot name it.
-            event: WorkerEvent = codec.WORKER_EVENTS.decode(msg.data)
-            state = self._states.get(event.request_id)
-            if state is None:
-                self._hold(event, msg.data)
-            elif isinstance(event, TokenBatch):
-                await self._on_batch(state, event)
-            else:
-                await self._forward_failure(state, event, msg.data)
-        except Exception:  # boundary: one bad message must not kill the sub
-            log.exception("stream_message_failed", subject=msg.subject)
-
-    def _hold(self, event: WorkerEvent, raw: bytes) -> None:
-        """An event for a request not opened here (yet): keep it unless the request is over."""
-        request_id = event.request_id
-        if request_id in self._done:
-            log.debug("event_dropped", request_id=request_id, reason="finished")
-            return
-        evicted = self._early.hold(event, raw, self._clock())
-        if evicted is not None:
-            log.debug("early_events_dropped", request_id=evicted, reason="too_many")
-
-    async def _on_batch(self, state: RequestFormatter, batch: TokenBatch) -> bool:
-        """Format and send one batch; False once the request has ended."""
-        if batch.index != state.next_index:
-            log.warning(
-                "token_batch_gap",
-                request_id=batch.request_id,
-                expected=state.next_index,
-                got=batch.index,
-            )
-        try:
-            data = state.on_batch(batch, self._clock())
-        except ServiceError as exc:
-            await self._fail(batch.request_id, exc, state=state)
-            return False
-        finished = state.finish_reason is not None
-        if data:
-            chunk = ResponseChunk(request_id=batch.request_id, data=data, done=finished)
-            await self._nc.publish(state.open.reply_to, codec.encode(chunk))
-        if finished:
-            self._drop(batch.request_id)
-            if state.stopped_by_string:
-                cancel = Cancel(request_id=batch.request_id, reason="stop_string")
-                await self._nc.publish(self._subjects.cancel, codec.encode(cancel))
-            self._log_finished(state)
-        return not finished
-
-    async def _forward_failure(
-        self, state: RequestFormatter, failed: RequestFailed, raw: bytes
-    ) -> None:
-        self._drop(failed.request_id)
-        self.metrics.error(failed.code)
-        await self._nc.publish(state.open.reply_to, raw)
-        log.warning("request_failed_upstream", request_id=failed.request_id, code=failed.code)
-
-    async def on_cancel(self, msg: Msg) -> None:
-        """Broadcast Cancel: drop the request's state if this instance holds it."""
-        with self.metrics.handling("cancel"):
-            try:
-                cancel = codec.decode(msg.data, Cancel)
-            except codec.DecodeError as exc:
-                log.warning("cancel_undecodable", error=str(exc))
-                return
-            if self._drop(cancel.request_id) is not None:
-                log.info("request_cancelled", request_id=cancel.request_id, reason=cancel.reason)
-            else:  # maybe not opened yet: its open, if it comes, is ignored
-                self._done.add(cancel.request_id, self._clock())
-                self._early.discard(cancel.request_id)
+    async def on_cancel(self, cancel: Cancel) -> None:
+        """Broadcast Cancel: forget the request; an open that comes after it is ignored."""
+        if self._end(cancel.request_id) is not None and self._is_debug:
+            log.debug("request_cancelled", reason=cancel.reason)
 
     # --- helpers -----------------------------------------------------------------------------
 
-    def _drop(self, request_id: str) -> RequestFormatter | None:
-        """Forget a request (finished, failed or cancelled)."""
-        state = self._states.pop(request_id, None)
-        if state is not None:
-            self._done.add(request_id, self._clock())
-        if self._closing and not self._states:
+    async def _open(self, request: StreamOpen, tokenizer: Any, *, direct: bool) -> None:
+        """Create the request's state and replay what came before it, in order."""
+        request_id = request.request_id
+        now = self._clock()
+        state = RequestFormatter(request, tokenizer, now=now)
+        decision = self._streams.on_open(request_id, state)
+        if isinstance(decision, Ignore):
+            log.debug("stream_open_dropped", reason=decision.reason)
+            return
+        events = decision.events
+        while events:
+            for event in events:
+                if not await self._deliver(state, event, self._clock()):
+                    return
+            events = self._streams.replayed(request_id)
+        if self._is_debug:
+            log.debug("stream_opened", api=request.api, direct=direct)
+
+    async def _deliver(self, state: RequestFormatter, event: WorkerEvent, now: float) -> bool:
+        """Apply one event to its request, send what it gives; False once the request ended."""
+        if not isinstance(event, TokenBatch):
+            await self._forward_failure(state, event)
+            return False
+        if event.index != state.next_index:
+            log.warning("token_batch_gap", expected=state.next_index, got=event.index)
+        try:
+            data = state.on_batch(event, now)
+        except ServiceError as exc:
+            await self._fail(state, exc)
+            return False
+        if state.finish_reason is None:
+            if data:
+                chunk = ResponseChunk(request_id=event.request_id, data=data)
+                await self._nc.publish(state.open.reply_to, codec.encode(chunk))
+            return True
+        await self._finish(state, data)
+        return False
+
+    async def _finish(self, state: RequestFormatter, data: bytes) -> None:
+        """Send the last chunk (with the token counts for the gateway's access line)."""
+        request_id = state.open.request_id
+        self._end(request_id)
+        chunk = ResponseChunk(
+            request_id=request_id,
+            data=data,
+            done=True,
+            prompt_tokens=state.open.prompt_tokens,
+            completion_tokens=state.completion_tokens,
+        )
+        await self._nc.publish(state.open.reply_to, codec.encode(chunk))
+        if state.stopped_by_string:
+            await self._cancel_worker(request_id, "stop_string")
+        if self._is_debug:
+            log.debug(
+                "request_formatted",
+                api=state.open.api,
+                stream=state.open.output.stream,
+                prompt_tokens=state.open.prompt_tokens,
+                completion_tokens=state.completion_tokens,
+                finish_reason=state.finish_reason,
+                elapsed_ms=round((self._clock() - state.started_at) * 1000, 1),
+            )
+
+    async def _forward_failure(self, state: RequestFormatter, failed: RequestFailed) -> None:
+        self._end(failed.request_id)
+        self.metrics.error(failed.code)
+        await self._nc.publish(state.open.reply_to, codec.encode(failed))
+        log.warning("request_failed_upstream", code=failed.code, status=failed.status)
+
+    async def _fail(self, state: RequestFormatter, exc: ServiceError) -> None:
+        """End the request, send ``exc`` to its gateway and stop its worker."""
+        request_id = state.open.request_id
+        self._end(request_id)
+        with bound_contextvars(request_id=request_id):
+            await self._boundary.fail(state.open.reply_to, request_id, exc)
+        await self._cancel_worker(request_id, exc.code)
+
+    async def _abandon(self, message: Message, exc: ServiceError) -> None:
+        """After the Boundary answered a failed open or event: forget it, stop its worker."""
+        self._end(message.request_id)
+        await self._cancel_worker(message.request_id, exc.code)
+
+    def _reply_subject(self, event: WorkerEvent) -> str | None:
+        """Where a failure of ``event``'s request goes: its gateway, once it is known."""
+        state = self._streams.get(event.request_id)
+        return state.open.reply_to if state is not None else None
+
+    def _end(self, request_id: str) -> RequestFormatter | None:
+        state = self._streams.end(request_id, self._clock())
+        if self._closing and not self._streams.in_flight:
             self._drained.set()
         return state
 
-    async def _fail(
-        self,
-        request_id: str,
-        exc: ServiceError,
-        *,
-        cancel: bool = True,
-        state: RequestFormatter | None = None,
-    ) -> None:
-        """Send ``exc`` to the request's gateway and drop its state; ``cancel`` the worker too.
+    async def _cancel_worker(self, request_id: str, reason: str) -> None:
+        cancel = Cancel(request_id=request_id, reason=reason)
+        await self._nc.publish(self._subjects.cancel, codec.encode(cancel))
 
-        ``state`` names a request not registered yet (an early event replayed at its open).
-        """
-        state = self._drop(request_id) or state
-        if state is None:
-            log.debug("failure_dropped", request_id=request_id, code=exc.code)
-            return
-        self.metrics.error(exc.code)
-        await self._nc.publish(state.open.reply_to, codec.encode(exc.to_message(request_id)))
-        if cancel:
-            reason = exc.code
-            await self._nc.publish(
-                self._subjects.cancel, codec.encode(Cancel(request_id=request_id, reason=reason))
-            )
-        log.warning("request_failed", request_id=request_id, code=exc.code, status=exc.status)
-
-    async def _sweep_idle(self) -> None:
+    async def _sweep(self) -> None:
+        """Fail requests idle too long (504, and cancel); drop early events held too long."""
         timeout_s = self._config.idle_timeout_s
         period_s = min(1.0, timeout_s / 4)
         while True:
             await asyncio.sleep(period_s)
-            now = self._clock()
-            for request_id in self._early.expire(now, keep=self._opening):
+            expired = self._streams.expire(self._clock())
+            for request_id in expired.early:
                 log.debug("early_events_expired", request_id=request_id)
-            idle = [rid for rid, s in self._states.items() if now - s.last_seen > timeout_s]
-            for request_id in idle:
+            for _, state in expired.idle:
                 error = UpstreamTimeout(f"no tokens for {timeout_s:g} s", retry_after_s=1.0)
                 try:
-                    await self._fail(request_id, error)
+                    await self._fail(state, error)
                 except Exception:  # the sweeper must outlive a failed publish
-                    log.exception("idle_timeout_failed", request_id=request_id)
+                    log.exception("request_crashed", kind="idle_timeout")
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
-    def _log_finished(self, state: RequestFormatter) -> None:
-        log.info(
-            "request_formatted",
-            request_id=state.open.request_id,
-            api=state.open.api,
-            stream=state.open.output.stream,
-            completion_tokens=state.completion_tokens,
-            finish_reason=state.finish_reason,
-            elapsed_ms=round((self._clock() - state.started_at) * 1000, 1),
-        )
+def _gateway(request: StreamOpen) -> str:
+    return request.reply_to
+
+
+def _log_not_delivered(outcome: Held | Dropped) -> None:
+    if isinstance(outcome, Dropped):
+        log.debug("event_dropped", reason=outcome.reason)
+    elif outcome.evicted is not None:
+        log.debug("early_events_dropped", evicted=outcome.evicted, reason="too_many_requests")
+    else:
+        log.debug("event_held")
 
 
 def build_service(
@@ -399,16 +363,3 @@ def build_service(
     return FormatterService(
         config, nc, subjects=subjects, tokenizers=TokenizerCache(fetch), metrics=metrics
     )
-
-
-async def serve(config: FormatterConfig, *, stop: asyncio.Event | None = None) -> None:
-    """Run one formatter until SIGINT/SIGTERM (or ``stop``), then shut down gracefully."""
-    nc = await connect(config.nats_url, name=f"formatter-{config.formatter_id}")
-    service = build_service(config, nc)
-    serve_metrics(service.metrics, config.metrics_port)
-    await service.start()
-    try:
-        await wait_for_signal(stop)
-    finally:
-        await service.stop()
-        await nc.drain()

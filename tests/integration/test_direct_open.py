@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
@@ -234,6 +235,21 @@ async def test_failure_before_the_open_is_forwarded_when_it_comes(
     event = await response(gateway)
     assert isinstance(event, RequestFailed)
     assert (event.request_id, event.status) == (request_id, 503)
+
+
+@pytest.mark.usefixtures("formatter")
+async def test_a_direct_open_that_fails_answers_the_gateway_and_cancels(
+    nc: Client, subjects: Subjects, gateway: Subscription, cancels: Subscription
+) -> None:
+    request_id = uuid.uuid4().hex
+    open_msg = stream_open(subjects, request_id)
+    unknown = StreamOpen(**{**msgspec.structs.asdict(open_msg), "model": "no/such-model"})
+    await nc.publish(subjects.formatter_open_direct(FORMATTER), codec.encode(unknown))
+    event = await response(gateway)
+    assert isinstance(event, RequestFailed)
+    assert (event.request_id, event.status, event.code) == (request_id, 404, "model_not_found")
+    cancel = codec.decode((await cancels.next_msg(timeout=TIMEOUT_S)).data, Cancel)
+    assert (cancel.request_id, cancel.reason) == (request_id, "model_not_found")
 
 
 async def test_open_after_cancel_is_ignored(

@@ -72,7 +72,7 @@ async def formatter(
     nats_url: str, subjects: Subjects, published: None
 ) -> AsyncIterator[FormatterService]:
     service, client = await start_formatter(
-        nats_url, subjects, idle_timeout_s=30.0, shutdown_timeout_s=1.0
+        nats_url, subjects, idle_timeout_s=30.0, shutdown_grace_s=1.0
     )
     try:
         yield service
@@ -164,11 +164,22 @@ async def test_streams_sse_chat_chunks_to_the_gateway(
     await send_text(
         nc, tokenizer, opened.stream_to, request_id, ["Hello", " wörld", " 🙂"], "length"
     )
-    objects = sse_objects(await collect(gateway))
+    events = await collect(gateway)
+    objects = sse_objects(events)
     content = "".join(o["choices"][0]["delta"].get("content", "") for o in objects if o["choices"])
     assert content == "Hello wörld 🙂"
-    assert objects[-1]["usage"]["prompt_tokens"] == 7
+    usage = objects[-1]["usage"]
+    assert usage["prompt_tokens"] == 7
     assert formatter.in_flight == 0
+    # The done chunk carries the counts for the gateway's access line; the others do not.
+    last = events[-1]
+    assert isinstance(last, ResponseChunk)
+    assert (last.done, last.prompt_tokens, last.completion_tokens) == (
+        True,
+        7,
+        usage["completion_tokens"],
+    )
+    assert all(e.completion_tokens == 0 for e in events[:-1] if isinstance(e, ResponseChunk))
 
 
 async def test_non_streaming_completion_is_one_json_body(
@@ -265,7 +276,7 @@ async def test_shutdown_waits_for_in_flight_streams(
     gateway: Subscription,
     tokenizer: Any,
 ) -> None:
-    service, client = await start_formatter(nats_url, subjects, shutdown_timeout_s=5.0)
+    service, client = await start_formatter(nats_url, subjects, shutdown_grace_s=5.0)
     request_id, opened = await open_stream(nc, subjects, stream=True)
     assert isinstance(opened, StreamOpened)
     stopping = asyncio.create_task(service.stop())

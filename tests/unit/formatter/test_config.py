@@ -20,6 +20,9 @@ def test_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (config.formatter_id, config.namespace, config.idle_timeout_s) == ("f1", "ns1", 5.0)
 
 
-def test_rejects_an_id_that_is_not_a_subject_token() -> None:
-    with pytest.raises(ValueError, match="formatter-id"):
+def test_rejects_an_id_that_is_not_a_subject_token(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
         FormatterConfig.from_cli(["--formatter-id", "a.b"])
+    assert "--formatter-id" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="formatter-id"):
+        FormatterConfig(formatter_id="a.b")
