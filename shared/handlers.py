@@ -21,7 +21,7 @@ callback is measured by ``bench/handler_cost.py`` (decision 014).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from typing import Any, Generic, TypeVar
 
@@ -53,18 +53,16 @@ class Boundary:
         self.metrics = metrics
         self.service = metrics.service
 
-    def handler(
+    def wrap(
         self,
-        decoder: codec.Decoder[M],
         kind: str,
         fn: Callable[[M], Awaitable[None]],
         *,
         reply_to: Callable[[M], str | None] | None = None,
         after_failure: Callable[[M, ServiceError], Awaitable[None]] | None = None,
-        tasks: TaskSet | None = None,
-    ) -> Callback:
-        """The subscription callback running ``fn`` on each decoded message of ``kind``."""
-        decode = decoder.decode
+    ) -> Callable[[M], Coroutine[Any, Any, None]]:
+        """``fn`` behind the boundary, for a message already decoded (e.g. work handed to a task
+        after a handler's fast path): bind, count and time, failures answered and logged."""
         stats = self.metrics.handlers.labels(self.service, kind)
         failed = _Failure(self, kind, reply_to, after_failure)
         request_id_var = _REQUEST_ID
@@ -85,6 +83,22 @@ class Boundary:
                 stats.observe(time.perf_counter() - started)
                 if token is not None:
                     request_id_var.reset(token)
+
+        return handle
+
+    def handler(
+        self,
+        decoder: codec.Decoder[M],
+        kind: str,
+        fn: Callable[[M], Awaitable[None]],
+        *,
+        reply_to: Callable[[M], str | None] | None = None,
+        after_failure: Callable[[M, ServiceError], Awaitable[None]] | None = None,
+        tasks: TaskSet | None = None,
+    ) -> Callback:
+        """The subscription callback running ``fn`` on each decoded message of ``kind``."""
+        decode = decoder.decode
+        handle = self.wrap(kind, fn, reply_to=reply_to, after_failure=after_failure)
 
         if tasks is None:
 

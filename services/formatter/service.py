@@ -102,7 +102,12 @@ class FormatterService:
             self.on_open_direct,
             reply_to=_gateway,
             after_failure=self._abandon,
-            tasks=self._tasks,
+        )
+        self._open_after_load = boundary.wrap(
+            "stream_open_loading",
+            self._load_and_open,
+            reply_to=_gateway,
+            after_failure=self._abandon,
         )
 
     @property
@@ -194,12 +199,19 @@ class FormatterService:
         A failure goes to the gateway, with a ``Cancel`` for the worker (``Generate`` is out).
         """
         tokenizer = self._tokenizers.peek(request.model)
-        if tokenizer is None:  # first request for a model: its early events wait for the load
-            # While closing, direct opens still come until every preprocessor has our notice.
-            if self._closing:
-                raise ShuttingDown("the formatter is shutting down")
-            self._streams.loading(request.request_id, self._clock())
-            tokenizer = await self._tokenizers.get(request.model)
+        if tokenizer is not None:
+            await self._open(request, tokenizer, direct=True)
+            return
+        # First request for a model: load in a task of its own, so opens for loaded models go
+        # on meanwhile; its early events wait for the load. While closing, direct opens still
+        # come until every preprocessor has our notice.
+        if self._closing:
+            raise ShuttingDown("the formatter is shutting down")
+        self._streams.loading(request.request_id, self._clock())
+        self._tasks.spawn(self._open_after_load(request), name=f"open-{request.request_id}")
+
+    async def _load_and_open(self, request: StreamOpen) -> None:
+        tokenizer = await self._tokenizers.get(request.model)
         await self._open(request, tokenizer, direct=True)
 
     async def on_stream(self, event: WorkerEvent) -> None:
