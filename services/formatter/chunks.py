@@ -12,18 +12,13 @@ from typing import Protocol
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from shared import sse
 from shared.messages import StreamOpen
 
-DONE = b"data: [DONE]\n\n"
 _MARK = "\x00"
 _MARK_JSON = b'"\\u0000"'
 
 _encode = msgspec.json.Encoder().encode
-
-
-def sse(payload: bytes) -> bytes:
-    """One server-sent-events frame."""
-    return b"data: " + payload + b"\n\n"
 
 
 class PromptTokensDetails(msgspec.Struct, kw_only=True):
@@ -146,7 +141,7 @@ class Shaper(Protocol):
 def _template(encoded: bytes) -> tuple[bytes, bytes]:
     """Split an encoded chunk whose text is ``_MARK`` into SSE head and tail."""
     head, _, tail = encoded.partition(_MARK_JSON)
-    return b"data: " + head, tail + b"\n\n"
+    return sse.PREFIX + head, tail + sse.END
 
 
 class ChatChunks:
@@ -178,17 +173,17 @@ class ChatChunks:
         )
 
     def first(self, text: str, usage: Usage | None = None) -> bytes:
-        role = sse(_encode(self._chunk(Delta(role="assistant", content=""), usage=usage)))
+        role = sse.frame(_encode(self._chunk(Delta(role="assistant", content=""), usage=usage)))
         return role + self.delta(text, usage) if text else role
 
     def delta(self, text: str, usage: Usage | None = None) -> bytes:
         if usage is None:
             return self._head + _encode(text) + self._tail
-        return sse(_encode(self._chunk(Delta(content=text), usage=usage)))
+        return sse.frame(_encode(self._chunk(Delta(content=text), usage=usage)))
 
     def end(self, finish_reason: str, usage: Usage, nvext: Nvext | None = None) -> bytes:
         last = usage if self._continuous else None
-        out = sse(_encode(self._chunk(Delta(), finish_reason, last, nvext)))
+        out = sse.frame(_encode(self._chunk(Delta(), finish_reason, last, nvext)))
         if self._include_usage:
             final = ChatCompletionChunk(
                 id=self._id,
@@ -197,8 +192,8 @@ class ChatChunks:
                 choices=[],
                 usage=usage,
             )
-            out += sse(_encode(final))
-        return out + DONE
+            out += sse.frame(_encode(final))
+        return out + sse.DONE
 
     def body(
         self, text: str, finish_reason: str, usage: Usage, nvext: Nvext | None = None
@@ -253,11 +248,11 @@ class CompletionChunks:
     def delta(self, text: str, usage: Usage | None = None) -> bytes:
         if usage is None:
             return self._head + _encode(text) + self._tail
-        return sse(_encode(self._chunk(text, usage=usage)))
+        return sse.frame(_encode(self._chunk(text, usage=usage)))
 
     def end(self, finish_reason: str, usage: Usage, nvext: Nvext | None = None) -> bytes:
         last = usage if self._continuous else None
-        out = sse(_encode(self._chunk("", finish_reason, last, nvext)))
+        out = sse.frame(_encode(self._chunk("", finish_reason, last, nvext)))
         if self._include_usage:
             final = Completion(
                 id=self._id,
@@ -266,8 +261,8 @@ class CompletionChunks:
                 choices=[],
                 usage=usage,
             )
-            out += sse(_encode(final))
-        return out + DONE
+            out += sse.frame(_encode(final))
+        return out + sse.DONE
 
     def body(
         self, text: str, finish_reason: str, usage: Usage, nvext: Nvext | None = None

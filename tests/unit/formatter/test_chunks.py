@@ -12,6 +12,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from services.formatter import chunks
 from services.formatter.request import RequestFormatter
+from shared import sse
 from shared.errors import InternalError
 from shared.messages import Api, OutputOptions, StreamOpen, TokenBatch
 
@@ -244,4 +245,4 @@ def test_content_frame_template_matches_the_struct_path(text: str, api: Api) -> 
             choices=[chunks.CompletionChoice(text=text)],
             usage=None,
         )
-    assert shaper.delta(text) == chunks.sse(msgspec.json.encode(obj))
+    assert shaper.delta(text) == sse.frame(msgspec.json.encode(obj))

@@ -1,0 +1,17 @@
+"""Server-sent-events framing, the one place it is written. Pure.
+
+The formatter frames every OpenAI chunk; the gateway frames only the error event that ends a
+stream which failed after its headers went out.
+"""
+
+from __future__ import annotations
+
+PREFIX = b"data: "
+END = b"\n\n"
+DONE = PREFIX + b"[DONE]" + END
+"""The OpenAI stream terminator."""
+
+
+def frame(payload: bytes) -> bytes:
+    """One ``data:`` event carrying ``payload`` (a JSON document)."""
+    return PREFIX + payload + END
