@@ -1,7 +1,8 @@
 """One lifecycle for every bus service: connect, build, start, serve until a signal, stop, drain.
 
 ``serving`` is an ``AsyncExitStack``: whatever was set up is undone in reverse order, also when
-start-up fails half way. ``run_service`` serves until SIGINT/SIGTERM (or ``stop``).
+start-up fails half way. ``run_service`` serves until SIGINT/SIGTERM (or ``stop``);
+``service_main`` is a service's whole ``python -m services.<name>`` entry point.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import nats.errors
 import structlog
 from nats.aio.client import Client
 
-from shared.bus import connect, wait_for_signal
+from shared.bus import connect, run, wait_for_signal
 from shared.config import CommonConfig
+from shared.logging import configure_logging
 from shared.metrics import ServiceMetrics, serve_metrics
 
 log = structlog.get_logger(__name__)
@@ -35,6 +37,7 @@ class Service(Protocol):
 
 
 S = TypeVar("S", bound=Service)
+C = TypeVar("C", bound=CommonConfig)
 
 
 @asynccontextmanager
@@ -64,6 +67,16 @@ async def run_service(
     async with serving(config, name, build):
         await wait_for_signal(stop)
         log.info("shutdown_started")
+
+
+def service_main(
+    config_type: type[C], build: Callable[[C, Client], Service], argv: list[str] | None = None
+) -> None:
+    """Parse the command line, set up logging, and serve until a signal (on uvloop)."""
+    config = config_type.from_cli(argv)
+    name = config.SERVICE
+    configure_logging(service=name, level=config.log_level, fmt=config.log_format)
+    run(lambda: run_service(config, name, lambda nc: build(config, nc)))
 
 
 async def _stop(service: Service, name: str) -> None:

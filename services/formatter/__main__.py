@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from services.formatter.config import FormatterConfig
 from services.formatter.service import build_service
-from shared.bus import run
-from shared.lifecycle import run_service
-from shared.logging import configure_logging
+from shared.lifecycle import service_main
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = FormatterConfig.from_cli(argv)
-    configure_logging(service="formatter", level=config.log_level, fmt=config.log_format)
-    run(lambda: run_service(config, "formatter", lambda nc: build_service(config, nc)))
+    service_main(FormatterConfig, build_service, argv)
 
 
 if __name__ == "__main__":

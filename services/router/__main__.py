@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from services.router.config import RouterConfig
 from services.router.service import Router
-from shared.bus import run
-from shared.lifecycle import run_service
-from shared.logging import configure_logging
+from shared.lifecycle import service_main
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = RouterConfig.from_cli(argv)
-    configure_logging(service="router", level=config.log_level, fmt=config.log_format)
-    run(lambda: run_service(config, "router", lambda nc: Router(config, nc)))
+    service_main(RouterConfig, Router, argv)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,11 @@ def test_services_import_only_shared_and_themselves() -> None:
 def test_the_launcher_loads_only_other_services_config_modules() -> None:
     """``jetserve up`` builds its pass-through flags from each service's settings table: it may
     load ``services.<name>.config`` by name, never a service's code."""
-    dynamic = []
-    for path in (SERVICES / "cli").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
-                dynamic.append(ast.unparse(node.args[0]))
+    calls = [
+        node
+        for path in (SERVICES / "cli").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module"
+    ]
+    dynamic = [ast.unparse(call.args[0]) for call in calls]
     assert dynamic == ["f'services.{name}.config'"]
