@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test _test-all test-unit test-integration test-e2e test-compose test-containers images-local up down lint fmt typecheck bench bench-routing config-doc clean
+.PHONY: help install run test _test-all test-unit test-integration test-e2e test-compose test-containers images-local up down lint fmt typecheck proto bench bench-routing config-doc clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-18s %s\n",$$1,$$2}'
@@ -73,6 +73,9 @@ fmt: $(STAMP) ## format and autofix
 
 typecheck: $(STAMP) ## mypy --strict on shared/ and services/
 	$(VENV)/bin/mypy
+
+proto: $(STAMP) ## regenerate shared/kserve/ (gRPC code, committed) from proto/shared/kserve/*.proto
+	$(PY) proto/generate.py
 
 bench: $(STAMP) ## serving benchmark: c=1 and c=64 with speedup 0; prints JSON
 	$(PY) -m bench.serving $(ARGS)
