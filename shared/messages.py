@@ -13,6 +13,8 @@ import msgspec
 
 Api = Literal["chat", "completion"]
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+OutputFormat = Literal["openai", "text"]
+ModelKind = Literal["llm", "tensor"]
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -51,6 +53,9 @@ class OutputOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     n: int = 1
     extra_fields: tuple[str, ...] = ()
     """``nvext.extra_fields``: e.g. ``("worker_id",)`` adds ``nvext.worker_id`` to the response."""
+    format: OutputFormat = "openai"
+    """``openai``: SSE frames or a JSON body. ``text``: plain UTF-8 text deltas, the finish
+    reason and token counts on the last chunk (the gRPC front end)."""
 
 
 class RoutingHints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -160,6 +165,8 @@ class ResponseChunk(Message, frozen=True):
     """On the ``done`` chunk: the request's prompt tokens (for the gateway's access line)."""
     completion_tokens: int = 0
     """On the ``done`` chunk: the tokens generated."""
+    finish_reason: str | None = None
+    """On the ``done`` chunk of a ``text`` format request: why generation ended."""
 
 
 class Cancel(Message, frozen=True):
@@ -174,9 +181,47 @@ class FormatterLeaving(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     formatter_id: str
 
 
+class Tensor(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One named tensor, as KServe v2 ``InferInputTensor`` / ``InferOutputTensor`` with its
+    contents in the raw form (``raw_input_contents``: row-major, little-endian; ``BYTES``
+    elements each a 4-byte little-endian length, then the bytes)."""
+
+    name: str
+    datatype: str
+    """KServe v2 datatype: ``BOOL``, ``UINT8`` … ``INT64``, ``FP16``, ``FP32``, ``FP64``,
+    ``BF16``, ``BYTES``."""
+    shape: tuple[int, ...]
+    data: bytes = b""
+    parameters: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class TensorInfer(Message, frozen=True):
+    """Gateway -> tensor worker: a KServe v2 ``ModelInferRequest`` for a tensor model, as is."""
+
+    model: str
+    reply_to: str
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[str, ...] = ()
+    """Requested output names; empty = every output."""
+    model_version: str = ""
+    id: str = ""
+    """The client's ``ModelInferRequest.id``, echoed in the response."""
+    parameters: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class TensorResult(Message, frozen=True):
+    """Tensor worker -> gateway: the ``ModelInferResponse`` of one ``TensorInfer``."""
+
+    model: str
+    outputs: tuple[Tensor, ...]
+    model_version: str = ""
+    id: str = ""
+    parameters: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
 WorkerEvent = TokenBatch | RequestFailed
 """What a formatter's stream subject carries."""
-GatewayEvent = ResponseChunk | RequestFailed
+GatewayEvent = ResponseChunk | RequestFailed | TensorResult
 """What a gateway's reply subject carries."""
 
 
@@ -206,6 +251,32 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     files: tuple[str, ...] = ()
     """Names of the model files stored beside the card (``tokenizer.json``, ...)."""
     created: int = 0
+    kind: ModelKind = "llm"
+    """``llm``: text in, tokens out (preprocessor, router, formatter). ``tensor``: KServe v2
+    tensors straight to a worker (``TensorInfer``); ``tensor_spec`` describes them."""
+    tensor_spec: TensorModelSpec | None = None
+
+
+class TensorSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One input or output of a tensor model (KServe v2 ``TensorMetadata``)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    """``-1`` for a variable dimension."""
+    optional: bool = False
+
+
+class TensorModelSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a tensor model takes and gives, as its worker registered it."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    platform: str = "jetserve"
+    backend: str = "jetserve"
+    triton_model_config: bytes = b""
+    """A serialized Triton ``inference.ModelConfig``; when set, ``ModelConfig`` returns it
+    verbatim and metadata comes from it."""
 
 
 # --- KV cache events, load and routing decisions (issue 3: KV-aware routing) -------------------

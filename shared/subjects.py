@@ -74,6 +74,10 @@ class Subjects:
         """Router -> one worker."""
         return f"{self._p}.worker.{worker_id}.generate"
 
+    def tensor_infer(self, worker_id: str) -> str:
+        """Gateway -> one tensor worker: ``TensorInfer`` (tensor models skip the LLM stages)."""
+        return f"{self._p}.worker.{worker_id}.tensor"
+
     def reply(self, gateway_id: str, request_id: str) -> str:
         """Formatter (or any failing hop) -> the gateway instance holding the client."""
         return f"{self._p}.gateway.{gateway_id}.{request_id}"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from services.cli import tap
 from services.cli.__main__ import build_parser
-from services.cli.config import pass_through, service_configs, up_common_settings, up_settings
+from services.cli.config import pass_through, up_common_settings, up_settings
 from shared.config import DocRow
 from tools import env_file
 
@@ -64,7 +64,7 @@ def table(rows: Iterable[DocRow]) -> str:
 
 def _services() -> list[str]:
     parts = []
-    for name, cls in service_configs().items():
+    for name, cls in env_file.documented_configs().items():
         parts.append(f"## {name}\n\n`{cls.parser().prog}`\n\n{table(cls.settings().doc_rows())}\n")
     return parts
 

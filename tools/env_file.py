@@ -7,10 +7,16 @@ Written by ``python -m tools.config_doc --write`` together with ``docs/configura
 
 from __future__ import annotations
 
+import functools
+import importlib
 import textwrap
 
 from services.cli.config import service_configs
 from shared.config import CommonConfig, Setting
+
+EXTRA_SERVICES = ("echo_tensor",)
+"""Services ``jetserve up`` does not run (test workers), documented and in ``.env`` all the same;
+compose runs them under a profile."""
 
 COMPOSE_COMMON: dict[str, str] = {
     "nats_url": "nats://nats:4222",
@@ -32,7 +38,8 @@ HEADER = """\
 # shell wins over this file. Service knobs are commented out: unset (or empty) = the service's
 # own default, which is the value shown (docs/configuration.md describes each).
 # Instance ids (JETSERVE_GATEWAY_ID, JETSERVE_ROUTER_ID, JETSERVE_FORMATTER_ID,
-# JETSERVE_MOCKER_WORKER_ID) are never set here: every scaled replica picks its own.
+# JETSERVE_MOCKER_WORKER_ID, JETSERVE_ECHO_TENSOR_WORKER_ID) are never set here: every scaled
+# replica picks its own.
 
 # --- compose ---
 COMPOSE_PROJECT_NAME=jetserve
@@ -55,6 +62,20 @@ JETSERVE_HEALTH_NATS_MONITOR_URL=http://nats:8222
 """
 
 
+@functools.cache
+def documented_configs() -> dict[str, type[CommonConfig]]:
+    """Every service's config class: ``jetserve up``'s services, then ``EXTRA_SERVICES``."""
+    found = dict(service_configs())
+    for name in EXTRA_SERVICES:
+        module = importlib.import_module(f"services.{name}.config")
+        found[name] = next(
+            cls
+            for cls in vars(module).values()
+            if isinstance(cls, type) and issubclass(cls, CommonConfig) and name == cls.SERVICE
+        )
+    return found
+
+
 def common_settings() -> list[Setting]:
     """The settings in ``x-common-env``: one value for every service."""
     table = CommonConfig.settings()
@@ -66,14 +87,14 @@ def service_knobs(service: str) -> list[Setting]:
     fixed = FIXED_IN_CONTAINER.get(service, frozenset())
     return [
         s
-        for s in service_configs()[service].settings()
+        for s in documented_configs()[service].settings()
         if not s.common and not s.per_instance and s.name not in fixed
     ]
 
 
 def fixed_in_container(service: str) -> list[Setting]:
     fixed = FIXED_IN_CONTAINER.get(service, frozenset())
-    return [s for s in service_configs()[service].settings() if s.name in fixed]
+    return [s for s in documented_configs()[service].settings() if s.name in fixed]
 
 
 def _comment(text: str) -> list[str]:
@@ -86,7 +107,7 @@ def render() -> str:
     for item in common_settings():
         lines += [*_comment(item.description()), f"{item.env}={COMPOSE_COMMON[item.name]}"]
     lines.append(HEALTH)
-    for service in service_configs():
+    for service in documented_configs():
         lines.append(f"# --- {service} ---")
         for item in service_knobs(service):
             lines += [*_comment(item.description()), f"#{item.env}={item.env_example()}"]

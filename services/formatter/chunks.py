@@ -1,8 +1,9 @@
-"""OpenAI response shapes (chat and completions, streaming and not) as bytes. Pure.
+"""Response shapes as bytes: OpenAI (chat and completions, streaming and not), or plain text.
 
 Objects are msgspec Structs serialized with ``msgspec.json``; field order follows OpenAI's. The
 per-token content frame is a precomputed head + the JSON-escaped text + tail, cut from a real
-encoded chunk, so it is byte-identical to the Struct path at a fraction of the cost.
+encoded chunk, so it is byte-identical to the Struct path at a fraction of the cost. The
+``text`` format (``OutputOptions.format``, for the gRPC front end) is the UTF-8 text alone.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ class Completion(msgspec.Struct, kw_only=True):
 
 
 class Shaper(Protocol):
-    """Bytes for one request's response; streaming methods return whole SSE frames."""
+    """Bytes for one request's response; streaming methods return whole SSE frames (OpenAI) or
+    bare text (``text``)."""
 
     def first(self, text: str, usage: Usage | None = None) -> bytes:
         """Frames for the first batch (role / echo, then ``text`` if any)."""
@@ -278,6 +280,36 @@ class CompletionChunks:
         return _encode(body)
 
 
+class TextChunks:
+    """Plain UTF-8 text for one request (``format="text"``): no framing, no JSON, no usage.
+
+    Streaming: each delta is the new text; the finish adds nothing (the finish reason and the
+    token counts travel on the done ``ResponseChunk`` itself). Not streaming: the whole text.
+    ``echo`` puts the prompt text first, as for completions.
+    """
+
+    __slots__ = ("_echo",)
+
+    def __init__(self, open_: StreamOpen) -> None:
+        self._echo = open_.prompt_text if open_.output.echo else ""
+
+    def first(self, text: str, usage: Usage | None = None) -> bytes:
+        return (self._echo + text).encode()
+
+    def delta(self, text: str, usage: Usage | None = None) -> bytes:
+        return text.encode()
+
+    def end(self, finish_reason: str, usage: Usage, nvext: Nvext | None = None) -> bytes:
+        return b""
+
+    def body(
+        self, text: str, finish_reason: str, usage: Usage, nvext: Nvext | None = None
+    ) -> bytes:
+        return (self._echo + text).encode()
+
+
 def shaper_for(open_: StreamOpen) -> Shaper:
-    """The shaper for the request's API (chat or completions)."""
+    """The shaper for the request's output format, then its API (chat or completions)."""
+    if open_.output.format == "text":
+        return TextChunks(open_)
     return ChatChunks(open_) if open_.api == "chat" else CompletionChunks(open_)

@@ -1,7 +1,9 @@
 """One request's formatting state: token batches in, response bytes out. Pure: ``now`` is passed.
 
 Streaming requests yield SSE frames per batch (nothing for a batch that adds no visible text,
-except the first); non-streaming ones yield one JSON body when the request finishes.
+except the first); non-streaming ones yield one JSON body when the request finishes. With
+``output.format == "text"`` the same happens with bare UTF-8 text instead (no frame for an
+empty first batch; the finish adds no bytes).
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class RequestFormatter:
         self._parts: list[str] = []
         """Non-streaming: the text so far."""
         self._started = False
-        self._continuous = out.include_usage and out.continuous_usage
+        # Text output carries no usage per chunk: never compute it per batch.
+        self._continuous = out.include_usage and out.continuous_usage and out.format != "text"
         self._echo_worker = "worker_id" in out.extra_fields
         self.worker_id = ""
         """The worker that produced the tokens (``TokenBatch.worker_id``)."""

@@ -274,7 +274,8 @@ class FormatterService:
         return False
 
     async def _finish(self, state: RequestFormatter, data: bytes) -> None:
-        """Send the last chunk (with the token counts for the gateway's access line)."""
+        """Send the last chunk, with the token counts (the gateway's access line, gRPC's
+        response) and the finish reason (the one place a ``text`` response carries it)."""
         request_id = state.open.request_id
         self._end(request_id)
         chunk = ResponseChunk(
@@ -283,6 +284,7 @@ class FormatterService:
             done=True,
             prompt_tokens=state.open.prompt_tokens,
             completion_tokens=state.completion_tokens,
+            finish_reason=state.finish_reason,
         )
         await self._nc.publish(state.open.reply_to, codec.encode(chunk))
         if state.stopped_by_string:

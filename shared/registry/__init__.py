@@ -1,7 +1,8 @@
 """The model registry on JetStream: worker cards in a KV bucket, model files in an object store.
 
 Workers register (``writer.WorkerRegistration``) and publish their model's files
-(``writer.publish_model``); every other service reads through ``reader.WorkerDirectory`` and
+(``writer.publish_model``, or ``writer.publish_model_card`` for a tensor model, which has
+none); every other service reads through ``reader.WorkerDirectory`` and
 ``reader.ModelFiles``. ``layout`` says where each thing is kept; ``jetstream`` holds the
 bucket, object-store and bounded-read helpers.
 """
@@ -9,7 +10,12 @@ bucket, object-store and bounded-read helpers.
 from shared.registry.jetstream import content_digest, open_kv, open_object_store
 from shared.registry.layout import DEFAULT_WORKER_TTL_S
 from shared.registry.reader import ModelFiles, WorkerDirectory, is_live
-from shared.registry.writer import WorkerRegistration, publish_model, upload_lease_key
+from shared.registry.writer import (
+    WorkerRegistration,
+    publish_model,
+    publish_model_card,
+    upload_lease_key,
+)
 
 __all__ = [
     "DEFAULT_WORKER_TTL_S",
@@ -21,5 +27,6 @@ __all__ = [
     "open_kv",
     "open_object_store",
     "publish_model",
+    "publish_model_card",
     "upload_lease_key",
 ]

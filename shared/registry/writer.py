@@ -1,4 +1,5 @@
-"""The writer side (workers): a heartbeated card (``WorkerRegistration``) and ``publish_model``.
+"""The writer side (workers): a heartbeated card (``WorkerRegistration``) and ``publish_model``
+(``publish_model_card`` for a model with no files, such as a tensor model).
 
 Workers of one model start together: a put over an object another worker is putting purges
 the chunks a reader may be fetching, so each file content is uploaded by one worker (the one
@@ -60,6 +61,18 @@ async def publish_model(
         data = path.read_bytes()
         await _put_if_changed(store, leases, object_name(card.model, file), data, lease_s)
     stored = msgspec.structs.replace(card, files=tuple(names))
+    await _put_if_changed(
+        store, leases, object_name(card.model, CARD), codec.encode(stored), lease_s
+    )
+
+
+async def publish_model_card(
+    js: JetStreamContext, subjects: Subjects, card: ModelCard, *, lease_s: float = UPLOAD_LEASE_S
+) -> None:
+    """Upload the card of a model that has no files (a tensor model), if it changed."""
+    store = await models_store(js, subjects)
+    leases = await open_kv(js, subjects.model_uploads_bucket, lease_s)
+    stored = msgspec.structs.replace(card, files=())
     await _put_if_changed(
         store, leases, object_name(card.model, CARD), codec.encode(stored), lease_s
     )

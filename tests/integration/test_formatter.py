@@ -28,6 +28,7 @@ from shared.messages import (
     ResponseChunk,
     StreamOpen,
     StreamOpened,
+    TensorResult,
     TokenBatch,
 )
 from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
@@ -132,6 +133,7 @@ async def collect(gateway: Subscription) -> list[ResponseChunk | RequestFailed]:
     while True:
         msg = await gateway.next_msg(timeout=TIMEOUT_S)
         event: GatewayEvent = codec.GATEWAY_EVENTS.decode(msg.data)
+        assert not isinstance(event, TensorResult)  # a formatter never sends tensors
         events.append(event)
         if isinstance(event, RequestFailed) or event.done:
             return events
@@ -174,10 +176,11 @@ async def test_streams_sse_chat_chunks_to_the_gateway(
     # The done chunk carries the counts for the gateway's access line; the others do not.
     last = events[-1]
     assert isinstance(last, ResponseChunk)
-    assert (last.done, last.prompt_tokens, last.completion_tokens) == (
+    assert (last.done, last.prompt_tokens, last.completion_tokens, last.finish_reason) == (
         True,
         7,
         usage["completion_tokens"],
+        "length",
     )
     assert all(e.completion_tokens == 0 for e in events[:-1] if isinstance(e, ResponseChunk))
 
@@ -286,3 +289,55 @@ async def test_shutdown_waits_for_in_flight_streams(
     events = await collect(gateway)
     assert isinstance(events[-1], ResponseChunk)
     assert events[-1].done
+
+
+async def test_text_format_streams_deltas_equal_to_the_openai_text(
+    nc: Client,
+    subjects: Subjects,
+    formatter: FormatterService,
+    gateway: Subscription,
+    tokenizer: Any,
+) -> None:
+    texts = ["Hello", " wörld", " 🙂", " STOP", " never"]
+    results: dict[str, list[ResponseChunk | RequestFailed]] = {}
+    for fmt in ("openai", "text"):
+        request_id, opened = await open_stream(
+            nc, subjects, stream=True, stop=("STOP",), format=fmt
+        )
+        assert isinstance(opened, StreamOpened)
+        await send_text(nc, tokenizer, opened.stream_to, request_id, texts, "length")
+        results[fmt] = await collect(gateway)
+    objects = sse_objects(results["openai"])
+    openai_text = "".join(o["choices"][0]["delta"].get("content", "") for o in objects)
+    chunks = [e for e in results["text"] if isinstance(e, ResponseChunk)]
+    assert len(chunks) == len(results["text"])
+    assert b"".join(c.data for c in chunks).decode() == openai_text == "Hello wörld 🙂 "
+    done, openai_done = chunks[-1], results["openai"][-1]
+    assert isinstance(openai_done, ResponseChunk)
+    assert (done.done, done.finish_reason, done.prompt_tokens, done.completion_tokens) == (
+        True,
+        "stop",
+        7,
+        openai_done.completion_tokens,
+    )
+    assert all(not c.done and c.data for c in chunks[:-1])
+
+
+async def test_text_format_non_streaming_is_one_done_chunk(
+    nc: Client,
+    subjects: Subjects,
+    formatter: FormatterService,
+    gateway: Subscription,
+    tokenizer: Any,
+) -> None:
+    request_id, opened = await open_stream(nc, subjects, api="completion", format="text")
+    assert isinstance(opened, StreamOpened)
+    await send_text(nc, tokenizer, opened.stream_to, request_id, ["Hello", " world"], "length")
+    [event] = await collect(gateway)
+    assert isinstance(event, ResponseChunk)
+    assert (event.data, event.done, event.finish_reason, event.completion_tokens) == (
+        b"Hello world",
+        True,
+        "length",
+        2,
+    )
