@@ -152,7 +152,8 @@ def stack(pytestconfig: pytest.Config) -> Iterator[ComposeStack]:
         **os.environ,
         "JETSERVE_PUBLISH_ADDR": "127.0.0.1",
         "JETSERVE_NAMESPACE": project,
-        "JETSERVE_LOG_LEVEL": "INFO",
+        # Which replica served a request is read from the per-hop log lines, which are DEBUG.
+        "JETSERVE_LOG_LEVEL": "DEBUG",
         # Real (simulated) timing, so requests are in flight when a worker is killed; a short
         # formatter idle timeout bounds what a request on the killed worker waits.
         "JETSERVE_MOCKER_SPEEDUP_RATIO": "1",
