@@ -45,13 +45,19 @@ class UpConfig:
     http_host: str = setting("127.0.0.1", "Gateway HTTP bind address")
     http_port: int = setting(8000, "Gateway HTTP port (0 = pick a free one)", ge=0, le=65535)
     grpc_port: int = setting(
-        8001, "Gateway gRPC port (reserved: gRPC is not served yet)", ge=0, le=65535
+        8001, "Gateway gRPC port, KServe v2 / Triton (0 = pick a free one)", ge=0, le=65535
     )
     nats_port: int = setting(
         0, "Port of the private nats-server (0 = pick a free one)", ge=0, le=65535
     )
     nats_url: str = setting("", "Use this NATS server instead of starting one (empty = start one)")
     workers: int = setting(2, "Mocker worker processes", ge=1)
+    tensor_workers: int = setting(
+        0,
+        "Echo tensor worker processes (python -m services.echo_tensor): a KServe v2 tensor "
+        "model named `echo` that returns its inputs",
+        ge=0,
+    )
     model_path: Path | None = setting(
         None, "Local model directory (unset = the bundled Qwen3 tokenizer in the user cache)"
     )

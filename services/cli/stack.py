@@ -107,6 +107,8 @@ class StackConfig:
     nats_url: str | None = None
     namespace: str = "jetserve"
     workers: int = 2
+    tensor_workers: int = 0
+    """Echo tensor workers (``services.echo_tensor``), each serving the tensor model ``echo``."""
     router_mode: str | None = None
     """``None`` = the router's own default (its flag or env var)."""
     model_path: str | None = None
@@ -133,10 +135,16 @@ class Stack:
         self.run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="jetserve-"))
         self.nats_url = config.nats_url or ""
         self.http_port = config.http_port
+        self.grpc_port = config.grpc_port
 
     @property
     def base_url(self) -> str:
         return f"http://{self.config.http_host}:{self.http_port}"
+
+    @property
+    def grpc_address(self) -> str:
+        """``host:port`` of the gateway's KServe v2 / Triton gRPC server."""
+        return f"{self.config.http_host}:{self.grpc_port}"
 
     def start(self, *, ready_timeout_s: float = 60.0) -> None:
         """Start everything and wait until the gateway reports a live model."""
@@ -145,7 +153,12 @@ class Stack:
             raise StackError(
                 f"HTTP port {cfg.http_port} is already in use; pick another with --http-port"
             )
+        if cfg.grpc_port and not port_is_free(cfg.grpc_port, cfg.http_host):
+            raise StackError(
+                f"gRPC port {cfg.grpc_port} is already in use; pick another with --grpc-port"
+            )
         self.http_port = cfg.http_port or free_port(cfg.http_host)
+        self.grpc_port = cfg.grpc_port or free_port(cfg.http_host)
         if not self.nats_url:
             self._start_nats()
         self._spawn("preprocessor", [])
@@ -158,6 +171,8 @@ class Stack:
             mocker_args += ["--model-name", cfg.model_name]
         for i in range(cfg.workers):
             self._spawn("mocker", mocker_args, label=f"mocker-{i}")
+        for i in range(cfg.tensor_workers):
+            self._spawn("echo_tensor", [], label=f"echo_tensor-{i}")
         self._spawn(
             "gateway",
             [
@@ -166,7 +181,7 @@ class Stack:
                 "--http-port",
                 str(self.http_port),
                 "--grpc-port",
-                str(cfg.grpc_port),
+                str(self.grpc_port),
             ],
         )
         self.wait_ready(ready_timeout_s)
@@ -270,7 +285,15 @@ class Stack:
         return True
 
 
-_RANK = {"gateway": 0, "preprocessor": 1, "router": 1, "formatter": 1, "mocker": 2, "nats": 3}
+_RANK = {
+    "gateway": 0,
+    "preprocessor": 1,
+    "router": 1,
+    "formatter": 1,
+    "mocker": 2,
+    "echo_tensor": 2,
+    "nats": 3,
+}
 
 
 def _stop_rank(child: Child) -> int:
