@@ -2,7 +2,9 @@
 
 ``Gateway`` opens the request context (request id, access line, metrics) for every HTTP request,
 hands the two inference paths to ``Relay`` (raw ASGI, ADR 010) and everything else
-(probes, listing, ``/openapi.json``, unknown routes, lifespan) to the Litestar app.
+(probes, listing, ``/openapi.json``, unknown routes, lifespan) to the Litestar app. The
+lifespan starts the bus, then the gRPC server (``serve_grpc``, ADR 015) in the same event loop;
+it stops them in the reverse order.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from services.gateway import responses
 from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
 from services.gateway.context import request_context, send_with_id
+from services.gateway.grpc_server import GrpcServer
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import openapi_config
 from services.gateway.relay import PATHS, Readiness, Relay
@@ -38,18 +41,28 @@ def create_app(
     bus: GatewayBus,
     readiness: Readiness | None = None,
     metrics: GatewayMetrics | None = None,
+    serve_grpc: bool = False,
 ) -> Gateway:
-    """The gateway's ASGI app; ``bus`` is started and stopped by the app's lifespan."""
+    """The gateway's ASGI app; ``bus`` (and the gRPC server, with ``serve_grpc``) are started
+    and stopped by the app's lifespan."""
     readiness = readiness or Readiness()
     metrics = metrics or GatewayMetrics()
     metrics.base.track_in_flight(lambda: bus.in_flight)
+    grpc = GrpcServer(config, bus, readiness, metrics) if serve_grpc else None
 
     @asynccontextmanager
     async def bus_lifespan(_: Litestar) -> AsyncIterator[None]:
         await bus.start()
+        try:
+            if grpc is not None:
+                await grpc.start()
+        except BaseException:
+            await bus.stop()
+            raise
         log.info(
             "gateway_started",
             http=f"{config.http_host}:{config.http_port}",
+            grpc=grpc.address if grpc is not None else None,
             gateway_id=config.gateway_id,
             request_timeout_s=config.request_timeout_s,
         )
@@ -57,6 +70,8 @@ def create_app(
             yield
         finally:
             readiness.begin_shutdown()
+            if grpc is not None:
+                await grpc.stop(config.shutdown_grace_s)
             await bus.stop()
 
     app = Litestar(
@@ -71,18 +86,22 @@ def create_app(
         logging_config=None,
         debug=False,
     )
-    return Gateway(app, Relay(config, bus, readiness), metrics)
+    return Gateway(app, Relay(config, bus, readiness), metrics, grpc)
 
 
 class Gateway:
     """ASGI: a request context per HTTP request; inference → ``Relay``, the rest → Litestar."""
 
-    __slots__ = ("_app", "_metrics", "_relay")
+    __slots__ = ("_app", "_metrics", "_relay", "grpc")
 
-    def __init__(self, app: ASGIApp, relay: Relay, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, app: ASGIApp, relay: Relay, metrics: GatewayMetrics, grpc: GrpcServer | None = None
+    ) -> None:
         self._app = app
         self._relay = relay
         self._metrics = metrics
+        self.grpc = grpc
+        """The gRPC server the lifespan runs (``grpc.port`` once started), if any."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == ScopeType.HTTP:

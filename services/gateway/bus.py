@@ -1,8 +1,9 @@
-"""GatewayBus: the gateway's NATS side — publish ``Preprocess``, demux replies per request.
+"""GatewayBus: the gateway's NATS side — publish ``Preprocess`` (or ``TensorInfer`` straight to a
+tensor worker), demux replies per request.
 
 One wildcard subscription (``subjects.reply_all(gateway_id)``) feeds one ``Inbox`` per
 in-flight request. Every wait has a timeout; a timeout or a client disconnect publishes
-``Cancel`` so the rest of the pipeline stops work.
+``Cancel`` so the rest of the pipeline stops work. HTTP and gRPC share one bus.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from services.gateway.config import GatewayConfig
-from services.gateway.errors import DuplicateRequestId
+from services.gateway.errors import DuplicateRequestId, NoResponders
 from shared import codec
 from shared.bus import connect, no_responders
 from shared.errors import (
@@ -32,7 +33,16 @@ from shared.errors import (
     UpstreamTimeout,
     from_message,
 )
-from shared.messages import Cancel, GatewayEvent, ModelCard, Preprocess, ResponseChunk
+from shared.messages import (
+    Cancel,
+    GatewayEvent,
+    ModelCard,
+    Preprocess,
+    RequestFailed,
+    ResponseChunk,
+    TensorInfer,
+    TensorResult,
+)
 from shared.metrics import ServiceMetrics
 from shared.registry import ModelFiles, WorkerDirectory
 from shared.subjects import Subjects, request_id_of
@@ -40,7 +50,7 @@ from shared.tasks import TaskSet
 
 log = structlog.get_logger(__name__)
 
-ReplyItem = ResponseChunk | ServiceError
+ReplyItem = ResponseChunk | TensorResult | ServiceError
 NO_WORKER_RETRY_AFTER_S = 1.0
 
 
@@ -51,11 +61,13 @@ class Inbox:
     consumer, no size bound, a timeout on every wait. Here a wait is one future and one timer.
     """
 
-    __slots__ = ("_items", "_waiter")
+    __slots__ = ("_items", "_waiter", "unreachable")
 
-    def __init__(self) -> None:
+    def __init__(self, unreachable: str = "No preprocessor is running.") -> None:
         self._items: deque[ReplyItem] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self.unreachable = unreachable
+        """The error message when NATS answers "no responders" for this request."""
 
     def put_nowait(self, item: ReplyItem) -> None:
         self._items.append(item)
@@ -101,15 +113,35 @@ class Reply:
 
     async def next(self, timeout_s: float) -> ResponseChunk:
         """The next chunk; raises the upstream's error, or ``UpstreamTimeout`` (and cancels)."""
+        item = await self._take(timeout_s)
+        if isinstance(item, ServiceError):
+            self.close()
+            raise item
+        if isinstance(item, TensorResult):
+            raise self._unexpected(item)
+        return item
+
+    async def result(self, timeout_s: float) -> TensorResult:
+        """A tensor request's result; raises as ``next()`` does. ``close()`` it afterwards."""
+        item = await self._take(timeout_s)
+        if isinstance(item, ServiceError):
+            self.close()
+            raise item
+        if isinstance(item, ResponseChunk):
+            raise self._unexpected(item)
+        return item
+
+    async def _take(self, timeout_s: float) -> ReplyItem:
         inbox = self._inbox
         if inbox.empty() and not await inbox.wait(timeout_s):
             self.cancel("timeout")
             raise UpstreamTimeout(f"No response from upstream within {timeout_s:g}s.")
-        item = inbox.get_nowait()
-        if isinstance(item, ServiceError):
-            self.close()
-            raise item
-        return item
+        return inbox.get_nowait()
+
+    def _unexpected(self, item: ReplyItem) -> ServiceError:
+        """The error for a reply of the other kind (a chunk for a tensor request, or back)."""
+        self.cancel("internal_error")
+        return InternalError(f"An upstream service sent an unexpected {type(item).__name__}.")
 
     @property
     def ready(self) -> bool:
@@ -149,6 +181,8 @@ class GatewayBus:
         self._directory: WorkerDirectory | None = None
         self._files: ModelFiles | None = None
         self._pending: dict[str, Inbox] = {}
+        self._turns: dict[str, int] = {}
+        """Per model: how many tensor requests were sent (round-robin over its live workers)."""
         self._background = TaskSet()
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -195,6 +229,21 @@ class GatewayBus:
         """Models with at least one live worker, sorted."""
         return sorted(self._directory.models()) if self._directory else []
 
+    def is_live(self, model: str) -> bool:
+        """Whether ``model`` has a live worker right now (no I/O)."""
+        return self._directory is not None and bool(self._directory.live(model))
+
+    def workers_in_turn(self, model: str) -> list[str]:
+        """The live workers of ``model``, the next one in round-robin order first."""
+        assert self._directory is not None, "start() first"
+        live = self._directory.live(model)
+        if not live:
+            return []
+        turn = self._turns.get(model, 0)
+        self._turns[model] = turn + 1
+        start = turn % len(live)
+        return [card.worker_id for card in (*live[start:], *live[:start])]
+
     async def check_model(self, model: str) -> None:
         """Pass when ``model`` has a live worker; else 503 (known) or 404 (never published)."""
         assert self._directory is not None, "start() first"
@@ -223,18 +272,31 @@ class GatewayBus:
 
     async def submit(self, request: Preprocess) -> Reply:
         """Start listening for the request's replies, then publish it to the preprocessors."""
+        return await self._send(request.request_id, self.subjects.preprocess, request)
+
+    async def submit_tensor(self, request: TensorInfer, worker_id: str) -> Reply:
+        """Start listening for the result, then publish the request to one tensor worker."""
+        unreachable = f"The worker `{worker_id}` of `{request.model}` is not running."
+        subject = self.subjects.tensor_infer(worker_id)
+        return await self._send(request.request_id, subject, request, unreachable)
+
+    async def _send(
+        self,
+        request_id: str,
+        subject: str,
+        request: Preprocess | TensorInfer,
+        unreachable: str | None = None,
+    ) -> Reply:
         assert self._nc is not None, "start() first"
-        request_id = request.request_id
         if request_id in self._pending:
             raise DuplicateRequestId(
                 f"Request id `{request_id}` is already in flight.", param="X-Request-Id"
             )
-        inbox = Inbox()
+        inbox = Inbox() if unreachable is None else Inbox(unreachable)
         self._pending[request_id] = inbox
         try:
-            await self._nc.publish(
-                self.subjects.preprocess, codec.encode(request), reply=request.reply_to
-            )
+            # reply= makes NATS answer "no responders" at once when nobody listens.
+            await self._nc.publish(subject, codec.encode(request), reply=request.reply_to)
         except NatsError as exc:
             self.forget(request_id)
             raise ServiceUnavailable("The message bus is unavailable.") from exc
@@ -270,7 +332,7 @@ class GatewayBus:
             log.debug("reply_dropped", subject=msg.subject)
             return
         if no_responders(msg) is not None:
-            queue.put_nowait(ServiceUnavailable("No preprocessor is running."))
+            queue.put_nowait(NoResponders(queue.unreachable))
             return
         try:
             event: GatewayEvent = codec.GATEWAY_EVENTS.decode(msg.data)
@@ -278,4 +340,4 @@ class GatewayBus:
             log.warning("reply_undecodable", subject=msg.subject, error=str(exc))
             queue.put_nowait(InternalError("An upstream service sent an undecodable reply."))
             return
-        queue.put_nowait(event if isinstance(event, ResponseChunk) else from_message(event))
+        queue.put_nowait(from_message(event) if isinstance(event, RequestFailed) else event)

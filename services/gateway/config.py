@@ -1,4 +1,5 @@
-"""Gateway configuration: HTTP listener, per-hop timeouts, registry TTL (``JETSERVE_GATEWAY_*``)."""
+"""Gateway configuration: HTTP and gRPC listeners, per-hop timeouts, registry TTL
+(``JETSERVE_GATEWAY_*``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from dataclasses import dataclass
 from shared.config import CommonConfig, computed_setting, setting
 from shared.registry import DEFAULT_WORKER_TTL_S
 from shared.subjects import check_token
+
+WINDOW_MAX = 2**31 - 1
+"""HTTP/2's largest flow-control window."""
 
 
 def _new_gateway_id() -> str:
@@ -19,16 +23,46 @@ class GatewayConfig(CommonConfig):
     """Everything the gateway needs; tests build it directly."""
 
     SERVICE = "gateway"
-    DESCRIPTION = "OpenAI-compatible HTTP front end."
+    DESCRIPTION = "OpenAI-compatible HTTP and KServe v2 / Triton gRPC front end."
 
-    http_host: str = setting("127.0.0.1", "HTTP bind host")
+    http_host: str = setting("127.0.0.1", "HTTP and gRPC bind host")
     http_port: int = setting(8000, "HTTP port", ge=0, le=65535)
     grpc_port: int = setting(
-        8001, "KServe v2 gRPC port (reserved: gRPC is not served yet)", ge=0, le=65535
+        8001,
+        "KServe v2 / Triton gRPC port (GRPCInferenceService, health, reflection; 0 = pick a "
+        "free one, logged in gateway_started)",
+        ge=0,
+        le=65535,
+    )
+    grpc_initial_connection_window_size: int | None = setting(
+        None,
+        "gRPC HTTP/2 connection receive window, bytes (unset = auto-tuned). grpc core has no "
+        "separate connection window: setting this or the stream window fixes the receive window "
+        "at the larger of the two (grpc.http2.lookahead_bytes) and turns BDP probing off "
+        "(grpc.http2.bdp_probe=0); the connection window is then at least that much",
+        ge=1024,
+        le=WINDOW_MAX,
+        also_env=("JETSERVE_GRPC_INITIAL_CONNECTION_WINDOW_SIZE",),
+    )
+    grpc_initial_stream_window_size: int | None = setting(
+        None,
+        "gRPC HTTP/2 per-stream receive window, bytes (unset = auto-tuned by BDP probing); see "
+        "--grpc-initial-connection-window-size. Bounds what clients may send ahead; what the "
+        "gateway sends is bounded by the client's windows",
+        ge=1024,
+        le=WINDOW_MAX,
+        also_env=("JETSERVE_GRPC_INITIAL_STREAM_WINDOW_SIZE",),
+    )
+    grpc_max_message_size: int = setting(
+        64 * 1024 * 1024,
+        "Largest gRPC message, bytes, in both directions (larger ones fail RESOURCE_EXHAUSTED)",
+        ge=1024,
+        le=WINDOW_MAX,
     )
     request_timeout_s: float = setting(
         60.0,
-        "Longest wait for a request's first response (then 504); headers are sent only after it",
+        "Longest wait for a request's first response (then 504 / DEADLINE_EXCEEDED); HTTP "
+        "headers are sent only after it. A shorter gRPC client deadline wins",
         gt=0,
     )
     stream_idle_timeout_s: float = setting(

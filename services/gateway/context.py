@@ -1,12 +1,15 @@
 """Per-request context: the request id, and what the request's one access line says.
 
-``request_context`` opens it for every HTTP request (``app.py``): it mints or accepts the request
-id, binds it into structlog's context vars for everything the request runs, and when the
-response is done records the metrics and logs ``request_finished`` (info; debug for probes).
+``request_context`` opens it for every HTTP request (``app.py``), ``grpc_context`` for every gRPC
+inference request (each request on a stream is one): it mints or accepts the request id, binds
+it into structlog's context vars for everything the request runs, and when the response is done
+records the metrics and logs ``request_finished`` (info; debug for probes and gRPC's metadata
+RPCs, ``grpc_probe_finished``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -43,6 +46,8 @@ class RequestContext:
     ttft_s: float | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    grpc_status: str = ""
+    """gRPC only: the status code's name (``OK``, ``NOT_FOUND``, …); ``path`` is the RPC."""
 
     def mark_first_response(self) -> None:
         self.ttft_s = time.perf_counter() - self.started_s
@@ -120,6 +125,53 @@ def _finished(ctx: RequestContext, metrics: GatewayMetrics) -> None:
         "status": ctx.status,
         "ttft_ms": ctx.ttft_ms,
         "duration_ms": duration_ms,
+        "prompt_tokens": ctx.prompt_tokens,
+        "completion_tokens": ctx.completion_tokens,
+        "request_id": ctx.request_id,
+    }
+    if ctx.error is not None:
+        fields["error"] = ctx.error
+    log.info("request_finished", **fields)
+
+
+@contextmanager
+def grpc_context(
+    rpc: str, metrics: GatewayMetrics, request_id: str | None = None
+) -> Iterator[RequestContext]:
+    """A gRPC request's context (``method="grpc"``, ``path`` = the RPC, status ``OK`` until
+    set); its access line and metrics when it ends. A cancelled request is ``CANCELLED``."""
+    ctx = RequestContext(request_id or uuid.uuid4().hex, "grpc", rpc, grpc_status="OK")
+    token = _current.set(ctx)
+    try:
+        with bound_contextvars(request_id=ctx.request_id):
+            try:
+                yield ctx
+            except asyncio.CancelledError:
+                ctx.grpc_status = "CANCELLED"
+                raise
+            finally:
+                _grpc_finished(ctx, metrics)
+    finally:
+        _current.reset(token)
+
+
+def grpc_probe_finished(rpc: str, status: str, started_s: float, metrics: GatewayMetrics) -> None:
+    """Metrics and a debug access line for a metadata RPC (liveness, readiness, metadata)."""
+    duration_s = time.perf_counter() - started_s
+    metrics.observe_grpc(rpc, status, duration_s)
+    log.debug("request_finished", method="grpc", rpc=rpc, status=status)
+
+
+def _grpc_finished(ctx: RequestContext, metrics: GatewayMetrics) -> None:
+    duration_s = time.perf_counter() - ctx.started_s
+    metrics.observe_grpc(ctx.path, ctx.grpc_status, duration_s, ctx.ttft_s, ctx.error)
+    fields = {
+        "method": "grpc",
+        "rpc": ctx.path,
+        "model": ctx.model,
+        "status": ctx.grpc_status,
+        "ttft_ms": ctx.ttft_ms,
+        "duration_ms": round(duration_s * 1000, 2),
         "prompt_tokens": ctx.prompt_tokens,
         "completion_tokens": ctx.completion_tokens,
         "request_id": ctx.request_id,

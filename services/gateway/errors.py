@@ -1,8 +1,9 @@
-"""Gateway-only errors: a client that went away, a wrong method, a reused request id."""
+"""Gateway-only errors: a client that went away, a wrong method, a reused request id, a hop
+nobody listens on."""
 
 from __future__ import annotations
 
-from shared.errors import InvalidRequest, ServiceError
+from shared.errors import InvalidRequest, ServiceError, ServiceUnavailable
 
 
 class ClientDisconnected(ServiceError):
@@ -24,3 +25,11 @@ class DuplicateRequestId(ServiceError):
     code = "duplicate_request_id"
     status = 409
     type = "invalid_request_error"
+
+
+class NoResponders(ServiceUnavailable):
+    """NATS answered "no responders": nobody listens where the request was sent (yet or still).
+
+    Same ``code`` as ``ServiceUnavailable``; its own class so a tensor request can go on to the
+    next live worker when the one it picked has just gone.
+    """

@@ -1,8 +1,9 @@
 """The gateway's Prometheus instruments, beside the ones every service has.
 
 HTTP requests by endpoint and status, request latency and time to first response per endpoint;
-in-flight requests are read from the bus at scrape time. Endpoint labels are a fixed set (the
-served routes, else ``other``), so unknown paths cannot grow the label space.
+gRPC requests by RPC and status code, and their latency; in-flight requests are read from the
+bus at scrape time. Endpoint labels are a fixed set (the served routes, else ``other``; the
+gRPC inference RPCs' method paths), so unknown paths cannot grow the label space.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 ROUTES = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/live", "/metrics"}
 )
+GRPC_METHOD_PREFIX = "/inference.GRPCInferenceService/"
 REQUEST_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
@@ -51,11 +53,27 @@ class GatewayMetrics:
             buckets=REQUEST_BUCKETS_S,
             registry=registry,
         )
+        self.grpc_requests = Counter(
+            "jetserve_grpc_requests_total",
+            "gRPC requests answered, by RPC and status code (each request on a "
+            "ModelStreamInfer stream counts once)",
+            ["rpc", "code"],
+            registry=registry,
+        )
+        self.grpc_request_seconds = Histogram(
+            "jetserve_grpc_request_seconds",
+            "gRPC request latency, until the last response is sent",
+            ["rpc"],
+            buckets=REQUEST_BUCKETS_S,
+            registry=registry,
+        )
         self.replies = self.base.messages.labels(self.base.service, "reply")
         """Reply messages (ResponseChunk / RequestFailed) received from the bus."""
         self._by_status: dict[tuple[str, int], Counter] = {}
         self._latency: dict[str, Histogram] = {}
         self._ttft: dict[str, Histogram] = {}
+        self._grpc_by_code: dict[tuple[str, str], Counter] = {}
+        self._grpc_latency: dict[str, Histogram] = {}
 
     def observe(
         self,
@@ -78,6 +96,33 @@ class GatewayMetrics:
             latency = self._latency[endpoint] = self.request_seconds.labels(endpoint)
         latency.observe(latency_s)
         if ttft_s is not None:
+            ttft = self._ttft.get(endpoint)
+            if ttft is None:
+                ttft = self._ttft[endpoint] = self.ttft_seconds.labels(endpoint)
+            ttft.observe(ttft_s)
+        if error is not None:
+            self.base.error(error)
+
+    def observe_grpc(
+        self,
+        rpc: str,
+        code: str,
+        latency_s: float,
+        ttft_s: float | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Record one finished gRPC request; its TTFT goes beside HTTP's, under the RPC's
+        method path (``/inference.GRPCInferenceService/ModelInfer``)."""
+        counter = self._grpc_by_code.get((rpc, code))
+        if counter is None:
+            counter = self._grpc_by_code[(rpc, code)] = self.grpc_requests.labels(rpc, code)
+        counter.inc()
+        latency = self._grpc_latency.get(rpc)
+        if latency is None:
+            latency = self._grpc_latency[rpc] = self.grpc_request_seconds.labels(rpc)
+        latency.observe(latency_s)
+        if ttft_s is not None:
+            endpoint = GRPC_METHOD_PREFIX + rpc
             ttft = self._ttft.get(endpoint)
             if ttft is None:
                 ttft = self._ttft[endpoint] = self.ttft_seconds.labels(endpoint)

@@ -1,10 +1,10 @@
-"""Serve the app with uvicorn (uvloop + httptools); SIGTERM flips readiness, then drains."""
+"""Serve the app with uvicorn (uvloop + httptools) and gRPC in the same loop; SIGTERM flips
+readiness, then drains."""
 
 from __future__ import annotations
 
 from types import FrameType
 
-import structlog
 import uvicorn
 
 from services.gateway.app import create_app
@@ -13,8 +13,6 @@ from services.gateway.config import GatewayConfig
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.relay import Readiness
 from shared.metrics import serve_metrics
-
-log = structlog.get_logger(__name__)
 
 
 class _Server(uvicorn.Server):
@@ -34,7 +32,7 @@ def build_server(config: GatewayConfig) -> uvicorn.Server:
     readiness = Readiness()
     metrics = GatewayMetrics()
     bus = GatewayBus(config, metrics=metrics.base)
-    app = create_app(config, bus=bus, readiness=readiness, metrics=metrics)
+    app = create_app(config, bus=bus, readiness=readiness, metrics=metrics, serve_grpc=True)
     # /metrics is served on the HTTP port; --metrics-port adds a separate listener if set.
     serve_metrics(metrics.base, config.metrics_port)
     # uvloop and asyncio both set TCP_NODELAY on accepted sockets (checked), so a kept-alive
@@ -59,8 +57,7 @@ def build_server(config: GatewayConfig) -> uvicorn.Server:
 
 
 def serve(config: GatewayConfig) -> None:
-    """Serve HTTP until a signal; the gRPC port is only recorded for now."""
-    log.info("grpc_not_served", grpc_port=config.grpc_port, reason="not implemented yet")
+    """Serve HTTP and gRPC until a signal."""
     # After a graceful stop uvicorn re-raises the signal it caught, so a SIGTERMed gateway
     # exits with status 143 once the lifespan has drained the bus.
     build_server(config).run()

@@ -19,7 +19,13 @@ from services.gateway.openai_types import (
     CompletionRequest,
 )
 from shared.errors import InvalidRequest
-from shared.messages import OutputOptions, Preprocess, RoutingHints, SamplingParams
+from shared.messages import (
+    OutputFormat,
+    OutputOptions,
+    Preprocess,
+    RoutingHints,
+    SamplingParams,
+)
 from shared.subjects import is_token
 
 T = TypeVar("T")
@@ -80,6 +86,16 @@ def parse_completion(body: bytes) -> CompletionRequest:
     return request
 
 
+def completion_from(fields: dict[str, Any]) -> CompletionRequest:
+    """Validate a completion request given as values (the gRPC front end), as a body would be."""
+    try:
+        request = msgspec.convert(fields, CompletionRequest)
+    except msgspec.ValidationError as exc:
+        raise _invalid(str(exc)) from None
+    _check_common(request)
+    return request
+
+
 def chat_to_preprocess(
     request: ChatCompletionRequest,
     *,
@@ -123,8 +139,9 @@ def completion_to_preprocess(
     created: int,
     deadline_ms: int = 0,
     headers: RoutingHeaders = NO_HEADERS,
+    output_format: OutputFormat = "openai",
 ) -> Preprocess:
-    """The bus form of a validated completion request."""
+    """The bus form of a validated completion request (``text`` output for gRPC)."""
     routing, worker_id = _routing(request, headers)
     prompt, token_ids = _prompt(request.prompt)
     return Preprocess(
@@ -137,7 +154,7 @@ def completion_to_preprocess(
         prompt_token_ids=token_ids,
         max_tokens=request.max_tokens,
         sampling=_sampling(request, request.max_tokens),
-        output=_output(request, echo=_flag(request.echo, default=False)),
+        output=_output(request, echo=_flag(request.echo, default=False), fmt=output_format),
         deadline_ms=deadline_ms,
         routing=routing,
         worker_id=worker_id,
@@ -262,7 +279,12 @@ def _sampling(
     )
 
 
-def _output(request: ChatCompletionRequest | CompletionRequest, *, echo: bool) -> OutputOptions:
+def _output(
+    request: ChatCompletionRequest | CompletionRequest,
+    *,
+    echo: bool,
+    fmt: OutputFormat = "openai",
+) -> OutputOptions:
     stream = _flag(request.stream, default=False)
     options = request.stream_options
     stop = request.stop
@@ -275,6 +297,7 @@ def _output(request: ChatCompletionRequest | CompletionRequest, *, echo: bool) -
         skip_special_tokens=_flag(request.skip_special_tokens, default=True),
         echo=echo,
         extra_fields=_extra_fields(request),
+        format=fmt,
     )
 
 

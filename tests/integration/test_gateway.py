@@ -671,7 +671,16 @@ def _spawn_gateway(port: int, env: dict[str, str], log_path: Path) -> subprocess
     """``python -m services.gateway`` in its own session, logging to ``log_path``."""
     with log_path.open("wb") as log_file:
         return subprocess.Popen(
-            [sys.executable, "-m", "services.gateway", "--http-port", str(port)],
+            [
+                sys.executable,
+                "-m",
+                "services.gateway",
+                "--http-port",
+                str(port),
+                # Its own gRPC port: the default (8001) may be taken on this machine.
+                "--grpc-port",
+                str(free_port()),
+            ],
             env={**os.environ, **env},
             stdout=log_file,
             stderr=subprocess.STDOUT,

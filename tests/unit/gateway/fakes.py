@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.gateway.bus import Inbox, Reply, ReplyItem
-from shared.messages import ModelCard, Preprocess
+from shared.messages import ModelCard, Preprocess, TensorInfer
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -24,6 +24,13 @@ class FakeBus:
         self.cancelled: list[tuple[str, str]] = []
         self.is_connected = True
         self.in_flight = 0
+        self.cards: dict[str, ModelCard] = {}
+        """Cards by model; any other model gets an LLM card."""
+        self.workers = ["t1"]
+        """The live workers ``workers_in_turn`` gives (tensor models)."""
+        self.tensor_sent: list[tuple[TensorInfer, str]] = []
+        self.tensor_scripts: list[list[ReplyItem]] = []
+        """One script per tensor submit, in order (else ``script``)."""
 
     async def start(self) -> None:
         self.started = True
@@ -39,7 +46,23 @@ class FakeBus:
             raise self.check_error
 
     async def model_card(self, model: str) -> ModelCard | None:
-        return ModelCard(model=model, context_length=8, created=123)
+        return self.cards.get(model) or ModelCard(model=model, context_length=8, created=123)
+
+    def is_live(self, model: str) -> bool:
+        return True
+
+    def workers_in_turn(self, model: str) -> list[str]:
+        return list(self.workers)
+
+    async def submit_tensor(self, request: TensorInfer, worker_id: str) -> Reply:
+        self.tensor_sent.append((request, worker_id))
+        script = self.tensor_scripts.pop(0) if self.tensor_scripts else self.script
+        inbox = Inbox()
+        for item in script:
+            inbox.put_nowait(item)
+        self.inboxes.append(inbox)
+        bus: Any = self
+        return Reply(bus, request.request_id, inbox)
 
     def reply_subject(self, request_id: str) -> str:
         return f"gw.{request_id}"

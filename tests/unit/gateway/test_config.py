@@ -37,3 +37,24 @@ def test_gateway_id_with_a_dot_is_rejected() -> None:
 def test_non_positive_timeout_is_rejected() -> None:
     with pytest.raises(ValueError, match="request-timeout-s"):
         GatewayConfig(request_timeout_s=0)
+
+
+def test_grpc_windows_are_unset_and_messages_64_mib_by_default() -> None:
+    config = GatewayConfig.from_cli([])
+    assert config.grpc_initial_connection_window_size is None
+    assert config.grpc_initial_stream_window_size is None
+    assert config.grpc_max_message_size == 64 * 1024 * 1024
+
+
+def test_grpc_windows_also_read_the_short_env_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JETSERVE_GRPC_INITIAL_CONNECTION_WINDOW_SIZE", "16777216")
+    monkeypatch.setenv("JETSERVE_GATEWAY_GRPC_INITIAL_STREAM_WINDOW_SIZE", "1048576")
+    monkeypatch.setenv("JETSERVE_GRPC_INITIAL_STREAM_WINDOW_SIZE", "5")  # the long name wins
+    config = GatewayConfig.from_cli([])
+    assert config.grpc_initial_connection_window_size == 16 * 1024 * 1024
+    assert config.grpc_initial_stream_window_size == 1024 * 1024
+
+
+def test_grpc_window_beyond_http2_is_rejected() -> None:
+    with pytest.raises(ValueError, match="grpc-initial-stream-window-size"):
+        GatewayConfig(grpc_initial_stream_window_size=2**31)

@@ -9,6 +9,7 @@ import pytest
 
 from services.gateway.translate import (
     chat_to_preprocess,
+    completion_from,
     completion_to_preprocess,
     parse_chat,
     parse_completion,
@@ -233,3 +234,29 @@ class TestCompletion:
     def test_echo_and_max_tokens_are_mapped(self) -> None:
         request = completion(echo=True, max_tokens=3)
         assert (request.output.echo, request.max_tokens) == (True, 3)
+
+
+class TestCompletionFromValues:
+    """The gRPC front end validates its values as a completion body is validated."""
+
+    def test_values_become_a_text_output_preprocess(self) -> None:
+        request = completion_from({"model": "m", "prompt": "hi", "max_tokens": 3, "stream": True})
+        preprocess = completion_to_preprocess(
+            request, request_id="r1", reply_to="gw.r1", created=7, output_format="text"
+        )
+        assert (preprocess.max_tokens, preprocess.output.stream) == (3, True)
+        assert preprocess.output.format == "text"
+
+    def test_out_of_range_value_names_the_field(self) -> None:
+        with pytest.raises(InvalidRequest, match="temperature") as caught:
+            completion_from({"model": "m", "prompt": "hi", "temperature": 2.5})
+        assert caught.value.param == "temperature"
+
+    def test_wrong_type_names_the_field(self) -> None:
+        with pytest.raises(InvalidRequest) as caught:
+            completion_from({"model": "m", "prompt": "hi", "max_tokens": 1.5})
+        assert caught.value.param == "max_tokens"
+
+    def test_too_many_stop_strings_are_refused(self) -> None:
+        with pytest.raises(InvalidRequest, match="at most 4"):
+            completion_from({"model": "m", "prompt": "hi", "stop": list("abcde")})

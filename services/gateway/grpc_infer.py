@@ -1,0 +1,300 @@
+"""One KServe inference request over the bus: an LLM through the pipeline (``text`` output), or
+a tensor model straight to one of its live workers (round-robin, ``TensorInfer``).
+
+Raises ``ServiceError`` for every expected failure; the servicer (``grpc_service.py``) turns it
+into a status or a stream error. Waits are bounded by ``--request-timeout-s`` (first response),
+``--stream-idle-timeout-s`` (later ones) and the client's deadline, whichever ends first; a
+timeout or a cancelled call publishes ``Cancel`` as HTTP does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import structlog
+
+from services.gateway.bus import GatewayBus, Reply
+from services.gateway.config import GatewayConfig
+from services.gateway.context import RequestContext, note_error
+from services.gateway.errors import NoResponders
+from services.gateway.kserve import (
+    fill_tensors,
+    fill_text,
+    mark_final,
+    parameters_of,
+    request_tensors,
+)
+from services.gateway.kserve_models import (
+    ModelView,
+    check_inputs,
+    check_version,
+    requested_outputs,
+    text_request,
+    view_of,
+)
+from services.gateway.relay import Readiness
+from services.gateway.translate import completion_from, completion_to_preprocess
+from shared.errors import (
+    InvalidRequest,
+    ModelNotFound,
+    NoWorkerAvailable,
+    ServiceError,
+    ShuttingDown,
+)
+from shared.kserve import grpc_service_pb2 as pb
+from shared.messages import ResponseChunk, TensorInfer, TensorResult
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+Make = Callable[[], tuple[T, pb.ModelInferResponse]]
+"""A new message to send and the ``ModelInferResponse`` inside it to fill (no copies)."""
+NO_WORKER_RETRY_AFTER_S = 1.0
+
+
+class Inference:
+    """Answers KServe inference requests for every model the registry knows."""
+
+    __slots__ = ("_bus", "_first_timeout_s", "_idle_timeout_s", "_readiness", "_views")
+
+    def __init__(self, config: GatewayConfig, bus: GatewayBus, readiness: Readiness) -> None:
+        self._bus = bus
+        self._readiness = readiness
+        self._first_timeout_s = config.request_timeout_s
+        self._idle_timeout_s = config.stream_idle_timeout_s
+        self._views: dict[str, ModelView] = {}
+        """Per model, built once from its card (the bus caches cards the same way)."""
+
+    async def view(self, name: str, version: str = "") -> ModelView:
+        """The model's KServe view; ``ModelNotFound`` for a model no worker ever published."""
+        check_version(name, version)
+        view = self._views.get(name)
+        if view is not None:
+            return view
+        if not name:
+            raise InvalidRequest("`model_name` must not be empty.", param="model_name")
+        card = await self._bus.model_card(name)
+        if card is None:
+            if not self._bus.is_live(name):
+                raise ModelNotFound(name)
+            return view_of(name, None)  # a live worker that published no card: an LLM
+        view = self._views[name] = view_of(name, card)
+        return view
+
+    async def run(
+        self,
+        request: pb.ModelInferRequest,
+        ctx: RequestContext,
+        make: Make[T],
+        emit: Callable[[T], None] | None = None,
+        deadline: float | None = None,
+    ) -> T:
+        """The request's final response; with ``emit`` (a stream) partial ones go there first.
+
+        ``deadline`` is the client's, on the ``time.monotonic()`` clock.
+        """
+        ctx.model = request.model_name
+        view = await self.view(request.model_name, request.model_version)
+        if view.kind == "tensor":
+            return await self._tensor(
+                request, ctx, view, make, deadline, on_stream=emit is not None
+            )
+        return await self._text(request, ctx, make, emit, deadline)
+
+    # --- LLM ---------------------------------------------------------------------------------
+
+    async def _text(
+        self,
+        request: pb.ModelInferRequest,
+        ctx: RequestContext,
+        make: Make[T],
+        emit: Callable[[T], None] | None,
+        deadline: float | None,
+    ) -> T:
+        parsed = text_request(request)
+        if parsed.streaming and emit is None:
+            raise InvalidRequest(
+                "`streaming` needs ModelStreamInfer; ModelInfer answers once.", param="streaming"
+            )
+        is_streamed = emit is not None and parsed.streaming is not False
+        model = request.model_name
+        completion = completion_from(
+            {**parsed.fields, "model": model, "prompt": parsed.prompt, "stream": is_streamed}
+        )
+        self._check_open()
+        await self._bus.check_model(model)
+        first_timeout_s = _wait_s(self._first_timeout_s, deadline)
+        now = time.time()
+        preprocess = completion_to_preprocess(
+            completion,
+            request_id=ctx.request_id,
+            reply_to=self._bus.reply_subject(ctx.request_id),
+            created=int(now),
+            deadline_ms=int((now + first_timeout_s) * 1000),
+            output_format="text",
+        )
+        reply = await self._bus.submit(preprocess)
+        try:
+            chunk = await reply.next(first_timeout_s)
+            ctx.mark_first_response()
+            parts: list[bytes] = []
+            while True:
+                if chunk.data:
+                    parts.append(chunk.data)
+                if chunk.done:
+                    break
+                if emit is not None and is_streamed and parts and not reply.ready:
+                    # Deltas already queued go out as one response (fewer writes, same text).
+                    out, response = make()
+                    fill_text(
+                        response,
+                        model=model,
+                        request_id=request.id,
+                        text=_joined(parts),
+                        final=False,
+                        wanted=parsed.outputs,
+                    )
+                    emit(out)
+                    parts.clear()
+                chunk = await reply.next(_wait_s(self._idle_timeout_s, deadline))
+            reply.close()
+        except BaseException as exc:
+            _abandon(reply, exc, deadline)
+            raise
+        return self._last(
+            ctx,
+            chunk,
+            parts,
+            request,
+            parsed.outputs,
+            is_streamed,
+            make,
+            on_stream=emit is not None,
+        )
+
+    def _last(
+        self,
+        ctx: RequestContext,
+        chunk: ResponseChunk,
+        parts: list[bytes],
+        request: pb.ModelInferRequest,
+        wanted: frozenset[str],
+        is_streamed: bool,
+        make: Make[T],
+        *,
+        on_stream: bool,
+    ) -> T:
+        ctx.prompt_tokens, ctx.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
+        out, response = make()
+        fill_text(
+            response,
+            model=request.model_name,
+            request_id=request.id,
+            # A stream's last response has text only if some is left; ModelInfer's always has.
+            text=_joined(parts) if parts or not is_streamed else None,
+            finish_reason=chunk.finish_reason,
+            final=True if on_stream else None,
+            wanted=wanted,
+        )
+        return out
+
+    # --- tensor models ---------------------------------------------------------------------------
+
+    async def _tensor(
+        self,
+        request: pb.ModelInferRequest,
+        ctx: RequestContext,
+        view: ModelView,
+        make: Make[T],
+        deadline: float | None,
+        *,
+        on_stream: bool,
+    ) -> T:
+        inputs = request_tensors(request)
+        check_inputs(inputs, view.spec)
+        wanted = requested_outputs(request, view.spec)
+        self._check_open()
+        model = request.model_name
+        workers = self._bus.workers_in_turn(model)
+        if not workers:
+            raise NoWorkerAvailable(
+                f"The model `{model}` has no live worker right now.",
+                retry_after_s=NO_WORKER_RETRY_AFTER_S,
+            )
+        infer = TensorInfer(
+            request_id=ctx.request_id,
+            model=model,
+            reply_to=self._bus.reply_subject(ctx.request_id),
+            inputs=inputs,
+            outputs=tuple(o.name for o in request.outputs),
+            model_version=request.model_version,
+            id=request.id,
+            parameters=parameters_of(request.parameters),
+        )
+        result = await self._tensor_result(infer, workers, deadline)
+        ctx.mark_first_response()
+        out, response = make()
+        fill_tensors(
+            response,
+            model=model,
+            request_id=result.id or request.id,
+            outputs=[o for o in result.outputs if not wanted or o.name in wanted],
+            model_version=result.model_version,
+            parameters=result.parameters,
+        )
+        if on_stream:  # one response per request, and it is the last
+            mark_final(response, True)
+        return out
+
+    async def _tensor_result(
+        self, infer: TensorInfer, workers: list[str], deadline: float | None
+    ) -> TensorResult:
+        """Send to the first worker; on "no responders" (it just went) try the next."""
+        for attempt, worker_id in enumerate(workers, start=1):
+            reply = await self._bus.submit_tensor(infer, worker_id)
+            try:
+                result = await reply.result(_wait_s(self._first_timeout_s, deadline))
+            except NoResponders:
+                if attempt == len(workers):
+                    raise
+                log.debug("tensor_worker_unreachable", worker_id=worker_id)
+                continue
+            except BaseException as exc:
+                _abandon(reply, exc, deadline)
+                raise
+            reply.close()
+            return result
+        raise AssertionError("unreachable: workers is not empty")
+
+    def _check_open(self) -> None:
+        if self._readiness.is_shutting_down:
+            raise ShuttingDown("The gateway is shutting down.")
+
+
+def _abandon(reply: Reply, exc: BaseException, deadline: float | None) -> None:
+    """Stop a request that will not be answered: cancelled call, or a bug (a ``ServiceError``
+    from the reply has closed or cancelled it already)."""
+    if isinstance(exc, asyncio.CancelledError):
+        reason = "timeout" if _is_past(deadline) else "client_disconnected"
+        note_error(reason)
+        reply.cancel(reason)
+    elif not isinstance(exc, ServiceError):
+        reply.cancel("internal_error")
+
+
+def _wait_s(limit_s: float, deadline: float | None) -> float:
+    """``limit_s``, or less when the client's deadline comes first."""
+    if deadline is None:
+        return limit_s
+    return max(0.0, min(limit_s, deadline - time.monotonic()))
+
+
+def _is_past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline - 0.001
+
+
+def _joined(parts: list[bytes]) -> bytes:
+    return parts[0] if len(parts) == 1 else b"".join(parts)

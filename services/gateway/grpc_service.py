@@ -1,0 +1,294 @@
+"""``GRPCInferenceService`` (KServe v2 / Triton) over the gateway's bus: the RPCs.
+
+Each inference request (a ``ModelInfer`` call, or one request on a ``ModelStreamInfer`` stream)
+gets a request id, one access line and its metrics (``context.grpc_context``); a failure is a
+status (unary) or a ``ModelStreamInferResponse.error_message`` on the stream, which stays open.
+Stream requests run concurrently, each in its own task; their responses carry the request's
+``id``; the stream ends once the client has half-closed and every request is answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Coroutine
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import grpc
+import structlog
+
+from services.gateway.bus import GatewayBus
+from services.gateway.context import (
+    MAX_REQUEST_ID_LEN,
+    RequestContext,
+    grpc_context,
+    grpc_probe_finished,
+    note_error,
+)
+from services.gateway.grpc_errors import status_code
+from services.gateway.grpc_infer import Inference
+from services.gateway.kserve import stream_error
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.relay import Readiness
+from shared.errors import ServiceError
+from shared.kserve import grpc_service_pb2 as pb
+from shared.subjects import is_token
+
+log = structlog.get_logger(__name__)
+
+SERVER_NAME = "jetserve"
+EXTENSIONS = ("model_configuration", "parameters")
+"""Triton extensions served: ``ModelConfig``, and request/response ``parameters``."""
+_INTERNAL = "Internal server error."
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def _unary() -> tuple[pb.ModelInferResponse, pb.ModelInferResponse]:
+    response = pb.ModelInferResponse()
+    return response, response
+
+
+def _streamed() -> tuple[pb.ModelStreamInferResponse, pb.ModelInferResponse]:
+    out = pb.ModelStreamInferResponse()
+    return out, out.infer_response
+
+
+class InferenceServicer:
+    """The eight RPCs of ``inference.GRPCInferenceService``; anything else is UNIMPLEMENTED."""
+
+    def __init__(
+        self,
+        inference: Inference,
+        bus: GatewayBus,
+        readiness: Readiness,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self._inference = inference
+        self._bus = bus
+        self._readiness = readiness
+        self._metrics = metrics
+        try:
+            server_version = version("jetserve")
+        except PackageNotFoundError:
+            server_version = "0"
+        self._server_metadata = pb.ServerMetadataResponse(
+            name=SERVER_NAME, version=server_version, extensions=EXTENSIONS
+        )
+
+    def is_ready(self) -> bool:
+        """Ready (and SERVING in grpc.health.v1) once a model has a live worker, until SIGTERM."""
+        return (
+            not self._readiness.is_shutting_down
+            and self._bus.is_connected
+            and bool(self._bus.live_models())
+        )
+
+    # --- health and metadata ---------------------------------------------------------------------
+
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: Context
+    ) -> pb.ServerLiveResponse:
+        grpc_probe_finished("ServerLive", "OK", time.perf_counter(), self._metrics)
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: Context
+    ) -> pb.ServerReadyResponse:
+        grpc_probe_finished("ServerReady", "OK", time.perf_counter(), self._metrics)
+        return pb.ServerReadyResponse(ready=self.is_ready())
+
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: Context
+    ) -> pb.ModelReadyResponse:
+        ready = (
+            request.version in ("", "1")
+            and not self._readiness.is_shutting_down
+            and self._bus.is_live(request.name)
+        )
+        grpc_probe_finished("ModelReady", "OK", time.perf_counter(), self._metrics)
+        return pb.ModelReadyResponse(ready=ready)
+
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Context
+    ) -> pb.ServerMetadataResponse:
+        grpc_probe_finished("ServerMetadata", "OK", time.perf_counter(), self._metrics)
+        return self._server_metadata
+
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: Context
+    ) -> pb.ModelMetadataResponse:
+        started = time.perf_counter()
+        try:
+            view = await self._inference.view(request.name, request.version)
+        except ServiceError as exc:
+            await self._probe_failed("ModelMetadata", exc, started, context)
+        grpc_probe_finished("ModelMetadata", "OK", started, self._metrics)
+        return view.metadata
+
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: Context
+    ) -> pb.ModelConfigResponse:
+        started = time.perf_counter()
+        try:
+            view = await self._inference.view(request.name, request.version)
+        except ServiceError as exc:
+            await self._probe_failed("ModelConfig", exc, started, context)
+        grpc_probe_finished("ModelConfig", "OK", started, self._metrics)
+        return view.config
+
+    async def _probe_failed(
+        self, rpc: str, exc: ServiceError, started: float, context: Context
+    ) -> None:
+        code = status_code(exc)
+        grpc_probe_finished(rpc, code.name, started, self._metrics)
+        await context.abort(code, exc.message)
+
+    # --- inference -------------------------------------------------------------------------------
+
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: Context
+    ) -> pb.ModelInferResponse:
+        deadline = _deadline(context)
+        with grpc_context("ModelInfer", self._metrics, _client_request_id(context)) as ctx:
+            trailers: tuple[tuple[str, str], ...] = (("x-request-id", ctx.request_id),)
+            context.set_trailing_metadata(trailers)
+            try:
+                return await self._inference.run(request, ctx, _unary, None, deadline)
+            except ServiceError as exc:
+                code = _failed(ctx, exc)
+                if exc.retry_after_s is not None:
+                    trailers += (("retry-after", str(max(1, round(exc.retry_after_s)))),)
+                await context.abort(code, exc.message, trailers)
+            except Exception:  # noqa: BLE001 - a bug: one traceback, and INTERNAL
+                _crashed(ctx)
+                await context.abort(grpc.StatusCode.INTERNAL, _INTERNAL, trailers)
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[pb.ModelInferRequest], context: Context
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        outbox = _Outbox()
+        deadline = _deadline(context)
+        reader = asyncio.get_running_loop().create_task(self._read(requests, outbox, deadline))
+        try:
+            while (response := await outbox.get()) is not None:
+                yield response
+        finally:
+            reader.cancel()
+            outbox.cancel()
+
+    async def _read(
+        self,
+        requests: AsyncIterator[pb.ModelInferRequest],
+        outbox: _Outbox,
+        deadline: float | None,
+    ) -> None:
+        """Start a task per request until the client half-closes the stream."""
+        try:
+            async for request in requests:
+                outbox.start(self._stream_one(request, outbox, deadline))
+        except Exception as exc:  # noqa: BLE001 - the call broke: answer what was read, then end
+            log.warning("stream_read_failed", error_type=type(exc).__name__, error=str(exc))
+        finally:
+            outbox.end_of_requests()
+
+    async def _stream_one(
+        self, request: pb.ModelInferRequest, outbox: _Outbox, deadline: float | None
+    ) -> None:
+        with grpc_context("ModelStreamInfer", self._metrics) as ctx:
+            try:
+                last = await self._inference.run(request, ctx, _streamed, outbox.put, deadline)
+            except ServiceError as exc:
+                _failed(ctx, exc)
+                last = stream_error(exc.message, model=request.model_name, request_id=request.id)
+            except Exception:  # noqa: BLE001 - a bug: one traceback, the stream goes on
+                _crashed(ctx)
+                last = stream_error(_INTERNAL, model=request.model_name, request_id=request.id)
+            outbox.put(last)
+
+
+class _Outbox:
+    """A stream's responses in order, from its request tasks to the one writer.
+
+    ``get()`` returns ``None`` once the client has half-closed and every task has finished.
+    """
+
+    __slots__ = ("_is_reading", "_items", "_tasks", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[pb.ModelStreamInferResponse] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._is_reading = True
+
+    def put(self, item: pb.ModelStreamInferResponse) -> None:
+        self._items.append(item)
+        self._wake()
+
+    async def get(self) -> pb.ModelStreamInferResponse | None:
+        while not self._items:
+            if not self._is_reading and not self._tasks:
+                return None
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+    def start(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+
+    def end_of_requests(self) -> None:
+        self._is_reading = False
+        self._wake()
+
+    def cancel(self) -> None:
+        """The call is over (cancelled by the client, or its deadline): stop every request."""
+        for task in self._tasks:
+            task.cancel()
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+def _failed(ctx: RequestContext, exc: ServiceError) -> grpc.StatusCode:
+    """Record an expected failure for the access line; server-side ones log a warning."""
+    code = status_code(exc)
+    ctx.grpc_status = code.name
+    note_error(exc.code)
+    if exc.status >= 500:
+        log.warning("request_failed", code=exc.code, status=code.name, message=exc.message)
+    return code
+
+
+def _crashed(ctx: RequestContext) -> None:
+    log.exception("request_crashed")
+    ctx.grpc_status = grpc.StatusCode.INTERNAL.name
+    note_error("internal_error")
+
+
+def _deadline(context: Context) -> float | None:
+    """The client's deadline on the ``time.monotonic()`` clock (``None``: it set none)."""
+    remaining: float | None = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+def _client_request_id(context: Context) -> str | None:
+    """The client's ``x-request-id`` metadata when it is a subject token of at most 64 chars."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-request-id" and isinstance(value, str):
+            if len(value) <= MAX_REQUEST_ID_LEN and is_token(value):
+                return value
+            return None
+    return None

@@ -1,0 +1,206 @@
+"""One KServe inference over a fake bus: text joining and deltas, cancels, deadlines, tensors."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from typing import Any
+
+import pytest
+
+from services.gateway.config import GatewayConfig
+from services.gateway.context import RequestContext
+from services.gateway.errors import NoResponders
+from services.gateway.grpc_infer import Inference
+from services.gateway.kserve import join_bytes
+from services.gateway.relay import Readiness
+from shared.errors import InvalidRequest, ShuttingDown, UpstreamTimeout
+from shared.kserve import grpc_service_pb2 as pb
+from shared.messages import (
+    ModelCard,
+    ResponseChunk,
+    Tensor,
+    TensorModelSpec,
+    TensorResult,
+    TensorSpec,
+)
+from tests.unit.gateway.fakes import FakeBus
+
+Response = pb.ModelInferResponse
+
+
+def make() -> tuple[Response, Response]:
+    response = pb.ModelInferResponse()
+    return response, response
+
+
+def chunk(data: bytes, *, done: bool = False, finish: str | None = None) -> ResponseChunk:
+    return ResponseChunk(
+        request_id="r1",
+        data=data,
+        done=done,
+        prompt_tokens=3 if done else 0,
+        completion_tokens=2 if done else 0,
+        finish_reason=finish,
+    )
+
+
+def text(response: Response) -> dict[str, bytes]:
+    return {
+        o.name: raw[4:]
+        for o, raw in zip(response.outputs, response.raw_output_contents, strict=True)
+    }
+
+
+def llm(prompt: bytes = b"Hi", *, streaming: bool | None = None) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="m", id="c1")
+    request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    request.raw_input_contents.append(join_bytes([prompt]))
+    if streaming is not None:
+        request.inputs.add(name="streaming", datatype="BOOL", shape=[1])
+        request.raw_input_contents.append(bytes([streaming]))
+    return request
+
+
+def inference(bus: FakeBus, readiness: Readiness | None = None) -> Inference:
+    config = GatewayConfig(request_timeout_s=0.5, stream_idle_timeout_s=0.5)
+    fake: Any = bus
+    return Inference(config, fake, readiness or Readiness())
+
+
+def context() -> RequestContext:
+    return RequestContext("r1", "grpc", "ModelInfer")
+
+
+async def test_model_infer_joins_the_chunks_and_counts_tokens() -> None:
+    bus = FakeBus()
+    bus.script = [chunk(b"Hel"), chunk(b"lo"), chunk(b"", done=True, finish="stop")]
+    ctx = context()
+    response = await inference(bus).run(llm(), ctx, make)
+    assert text(response) == {"text_output": b"Hello", "finish_reason": b"stop"}
+    assert (ctx.prompt_tokens, ctx.completion_tokens, ctx.model) == (3, 2, "m")
+    submitted = bus.submitted[0]
+    assert (submitted.output.format, submitted.output.stream, submitted.prompt) == (
+        "text",
+        False,
+        "Hi",
+    )
+
+
+async def test_streaming_on_model_infer_is_invalid() -> None:
+    with pytest.raises(InvalidRequest, match="ModelStreamInfer"):
+        await inference(FakeBus()).run(llm(streaming=True), context(), make)
+
+
+async def test_a_stream_sends_deltas_as_they_come_and_queued_ones_together() -> None:
+    bus = FakeBus()
+    bus.script = [chunk(b"He")]
+    sent: list[Response] = []
+    first_sent = asyncio.Event()
+
+    def emit(response: Response) -> None:
+        sent.append(response)
+        first_sent.set()
+
+    task = asyncio.create_task(inference(bus).run(llm(), context(), make, emit))
+    await asyncio.wait_for(first_sent.wait(), 1)
+    inbox = bus.inboxes[0]
+    for item in (chunk(b"l"), chunk(b"lo"), chunk(b"", done=True, finish="length")):
+        inbox.put_nowait(item)
+    last = await task
+    assert [text(r) for r in sent] == [{"text_output": b"He"}]
+    assert [r.parameters["triton_final_response"].bool_param for r in sent] == [False]
+    assert text(last) == {"text_output": b"llo", "finish_reason": b"length"}
+    assert last.parameters["triton_final_response"].bool_param
+    assert bus.submitted[0].output.stream
+
+
+async def test_a_stream_request_with_streaming_off_gets_one_response() -> None:
+    bus = FakeBus()
+    bus.script = [chunk(b"Hello", done=True, finish="stop")]
+    sent: list[Response] = []
+    last = await inference(bus).run(llm(streaming=False), context(), make, sent.append)
+    assert (sent, text(last)["text_output"]) == ([], b"Hello")
+    assert not bus.submitted[0].output.stream
+
+
+async def test_a_cancelled_call_cancels_upstream() -> None:
+    bus = FakeBus()
+    task = asyncio.create_task(inference(bus).run(llm(), context(), make))
+    await asyncio.sleep(0)  # runs until it waits for the first reply
+    assert bus.submitted
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert bus.cancelled == [("r1", "client_disconnected")]
+
+
+async def test_the_client_deadline_bounds_the_wait_and_cancels_as_timeout() -> None:
+    bus = FakeBus()
+    started = time.monotonic()
+    with pytest.raises(UpstreamTimeout):
+        await inference(bus).run(llm(), context(), make, deadline=started + 0.05)
+    assert time.monotonic() - started < 0.4
+    assert bus.cancelled == [("r1", "timeout")]
+    assert bus.submitted[0].deadline_ms <= (time.time() + 0.05) * 1000
+
+
+async def test_shutting_down_refuses_new_requests() -> None:
+    readiness = Readiness()
+    readiness.begin_shutdown()
+    with pytest.raises(ShuttingDown):
+        await inference(FakeBus(), readiness).run(llm(), context(), make)
+
+
+# --- tensor models -------------------------------------------------------------------------------
+
+SPEC = TensorModelSpec(
+    inputs=(TensorSpec(name="IN", datatype="INT32", shape=(-1,)),),
+    outputs=(TensorSpec(name="OUT", datatype="INT32", shape=(-1,)),),
+)
+
+
+def tensor_bus() -> FakeBus:
+    bus = FakeBus()
+    bus.cards["t"] = ModelCard(model="t", context_length=0, kind="tensor", tensor_spec=SPEC)
+    bus.workers = ["w1", "w2"]
+    return bus
+
+
+def tensor_request() -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="t", id="c9")
+    request.inputs.add(name="IN", datatype="INT32", shape=[2]).contents.int_contents.extend([4, 5])
+    return request
+
+
+def result() -> TensorResult:
+    out = Tensor(name="OUT", datatype="INT32", shape=(2,), data=struct.pack("<2i", 4, 5))
+    return TensorResult(request_id="r1", model="t", outputs=(out,), id="c9")
+
+
+async def test_a_tensor_request_goes_to_the_first_worker_in_turn() -> None:
+    bus = tensor_bus()
+    bus.script = [result()]
+    response = await inference(bus).run(tensor_request(), context(), make)
+    infer, worker_id = bus.tensor_sent[0]
+    assert worker_id == "w1"
+    assert (infer.model, infer.id, infer.inputs[0].data) == ("t", "c9", struct.pack("<2i", 4, 5))
+    assert infer.reply_to == "gw.r1"
+    assert list(response.raw_output_contents) == [struct.pack("<2i", 4, 5)]
+    assert (response.id, response.outputs[0].name) == ("c9", "OUT")
+
+
+async def test_a_worker_that_just_went_is_skipped_for_the_next() -> None:
+    bus = tensor_bus()
+    bus.tensor_scripts = [[NoResponders("gone")], [result()]]
+    await inference(bus).run(tensor_request(), context(), make)
+    assert [worker for _, worker in bus.tensor_sent] == ["w1", "w2"]
+
+
+async def test_no_live_tensor_worker_is_unavailable() -> None:
+    bus = tensor_bus()
+    bus.workers = []
+    with pytest.raises(Exception, match="no live worker") as caught:
+        await inference(bus).run(tensor_request(), context(), make)
+    assert getattr(caught.value, "code", None) == "no_worker_available"
