@@ -77,7 +77,7 @@ typecheck: $(STAMP) ## mypy --strict on shared/ and services/
 proto: $(STAMP) ## regenerate shared/kserve/ (gRPC code, committed) from proto/shared/kserve/*.proto
 	$(PY) proto/generate.py
 
-bench: $(STAMP) ## serving benchmark: c=1 and c=64 with speedup 0; prints JSON
+bench: $(STAMP) ## serving benchmark: c=1 and c=64 with speedup 0, HTTP and gRPC alternated; prints JSON
 	$(PY) -m bench.serving $(ARGS)
 
 bench-routing: $(STAMP) ## router benchmark: decision latency + events/s (a), shared-prefix kv vs round-robin (b)

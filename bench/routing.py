@@ -184,6 +184,7 @@ def serving_workload(mode: str, **options: Any) -> dict[str, Any]:
     stack = Stack(
         StackConfig(
             http_port=0,
+            grpc_port=0,
             workers=4,
             router_mode=mode,
             model_path=str(model_dir),

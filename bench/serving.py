@@ -1,10 +1,14 @@
 """Serving benchmark: start a local stack (speedup 0), drive it at concurrency 1 and 64, print JSON.
 
-    python -m bench.serving [--workloads a b] [--router-mode round-robin] [--url URL --pids n=pid]
+    python -m bench.serving [--workloads a b] [--protocols http grpc] [--http-api completions]
+                            [--router-mode round-robin] [--url URL --grpc HOST:PORT --pids n=pid]
 
-(a) c=1, 200 requests, 32 output tokens; (b) c=64, 2000 requests, 64 output tokens; chat,
-streaming, ``ignore_eos`` so every request yields exactly ``max_tokens``. CPU per request is
-read from /proc for every process of the stack and for this client.
+(a) c=1, 200 requests, 32 output tokens; (b) c=64, 2000 requests, 64 output tokens; streaming,
+``ignore_eos`` so every request yields exactly ``max_tokens``. Each workload runs once per
+protocol, alternating on the same stack: HTTP (``/v1/completions``, or chat with ``--http-api
+chat``; kept-alive connections) and KServe gRPC (``ModelStreamInfer``, one stream per client,
+requests one after another on it); the same prompts, one JSON line each with ``"protocol"``.
+CPU per request is read from /proc for every process of the stack and for this client.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from bench.grpcclient import StreamClient
 from bench.httpclient import Connection, Record
 from services.cli.stack import Stack, StackConfig
 from shared.model_dir import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model_dir
@@ -66,6 +71,8 @@ WORDS = [
     "bridge",
 ]
 CLK = os.sysconf("SC_CLK_TCK")
+PROTOCOLS = ("http", "grpc")
+HTTP_APIS = ("completions", "chat")
 
 
 def prompts(n: int, words: int, seed: int = 7) -> list[str]:
@@ -105,36 +112,66 @@ def pct(values: list[float], p: float) -> float:
     return values[k]
 
 
-async def warm_up(url: str, model: str) -> None:
-    """Five unmeasured requests: the first one loads the tokenizers in the services."""
+async def warm_up(url: str, model: str, grpc_target: str = "") -> None:
+    """Unmeasured requests: the first ones load the tokenizers and the gRPC model view."""
     target = urlparse(url)
     warm = Connection(target.hostname or "127.0.0.1", target.port or 80)
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "warm up"}],
-        "max_tokens": 4,
-        "stream": True,
-    }
-    for _ in range(5):
-        await warm.post_stream("/v1/chat/completions", body)
+    chat = {"messages": [{"role": "user", "content": "warm up"}]}
+    for extra, path in ((chat, "/v1/chat/completions"), ({"prompt": "warm up"}, "/v1/completions")):
+        body = {"model": model, "max_tokens": 4, "stream": True, **extra}
+        for _ in range(5):
+            await warm.post_stream(path, body)
     await warm.close()
+    if grpc_target:
+        stream = StreamClient(grpc_target)
+        for _ in range(5):
+            await stream.infer(model, "warm up", 4)
+        await stream.close()
 
 
-async def run_workload(url: str, model: str, spec: dict[str, int]) -> tuple[list[Record], float]:
-    """One user turn of ``prompt_words`` random words per request."""
+async def run_workload(
+    url: str,
+    model: str,
+    spec: dict[str, int],
+    *,
+    protocol: str = "http",
+    http_api: str = "chat",
+    grpc_target: str = "",
+) -> tuple[list[Record], float]:
+    """One request of ``prompt_words`` random words per prompt, over ``protocol``."""
     texts = prompts(spec["requests"], spec["prompt_words"])
+    concurrency, max_tokens = spec["concurrency"], spec["max_tokens"]
+    if protocol == "grpc":
+        return await run_grpc(grpc_target, model, texts, concurrency, max_tokens)
+    if http_api == "completions":
+        return await run_completions(url, model, texts, concurrency, max_tokens)
     chats = [[{"role": "user", "content": t}] for t in texts]
-    return await run_chats(url, model, chats, spec["concurrency"], spec["max_tokens"])
+    return await run_chats(url, model, chats, concurrency, max_tokens)
 
 
 async def run_chats(
     url: str, model: str, chats: list[list[dict[str, str]]], concurrency: int, max_tokens: int
 ) -> tuple[list[Record], float]:
     """Send every chat (streaming, ``ignore_eos``) from ``concurrency`` kept-alive connections."""
+    bodies = [{"model": model, "messages": chat} for chat in chats]
+    return await _run_http(url, "/v1/chat/completions", bodies, concurrency, max_tokens)
+
+
+async def run_completions(
+    url: str, model: str, texts: list[str], concurrency: int, max_tokens: int
+) -> tuple[list[Record], float]:
+    """Send every prompt to ``/v1/completions`` (streaming, ``ignore_eos``), as ``run_chats``."""
+    bodies = [{"model": model, "prompt": text} for text in texts]
+    return await _run_http(url, "/v1/completions", bodies, concurrency, max_tokens)
+
+
+async def _run_http(
+    url: str, path: str, bodies: list[dict[str, object]], concurrency: int, max_tokens: int
+) -> tuple[list[Record], float]:
     target = urlparse(url)
-    queue: asyncio.Queue[list[dict[str, str]]] = asyncio.Queue()
-    for chat in chats:
-        queue.put_nowait(chat)
+    queue: asyncio.Queue[dict[str, object]] = asyncio.Queue()
+    for body in bodies:
+        queue.put_nowait(body)
     records: list[Record] = []
 
     async def worker() -> None:
@@ -142,8 +179,7 @@ async def run_chats(
         try:
             while not queue.empty():
                 body = {
-                    "model": model,
-                    "messages": queue.get_nowait(),
+                    **queue.get_nowait(),
                     "max_tokens": max_tokens,
                     "stream": True,
                     "stream_options": {"include_usage": True},
@@ -151,7 +187,7 @@ async def run_chats(
                     "ignore_eos": True,
                 }
                 try:
-                    records.append(await conn.post_stream("/v1/chat/completions", body))
+                    records.append(await conn.post_stream(path, body))
                 except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
                     records.append(Record(error=repr(exc)))
                     await conn.close()
@@ -163,8 +199,35 @@ async def run_chats(
     return records, time.perf_counter() - started
 
 
+async def run_grpc(
+    grpc_target: str, model: str, texts: list[str], concurrency: int, max_tokens: int
+) -> tuple[list[Record], float]:
+    """Send every prompt over ``ModelStreamInfer``: ``concurrency`` clients, one stream each."""
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for text in texts:
+        queue.put_nowait(text)
+    records: list[Record] = []
+
+    async def worker() -> None:
+        stream = StreamClient(grpc_target)
+        try:
+            while not queue.empty():
+                records.append(await stream.infer(model, queue.get_nowait(), max_tokens))
+        finally:
+            await stream.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return records, time.perf_counter() - started
+
+
 def summarize(
-    name: str, spec: dict[str, int], records: list[Record], wall: float, cpu: dict[str, float]
+    name: str,
+    spec: dict[str, int],
+    records: list[Record],
+    wall: float,
+    cpu: dict[str, float],
+    labels: dict[str, str] | None = None,
 ) -> dict[str, object]:
     ok = [r for r in records if r.ok]
     ms = 1000.0
@@ -174,6 +237,7 @@ def summarize(
     n = max(1, len(ok))
     return {
         "workload": name,
+        **(labels or {}),
         **spec,
         "ok": len(ok),
         "errors": len(records) - len(ok),
@@ -199,38 +263,64 @@ def _client_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-async def bench(url: str, model: str, pids: dict[str, int], names: list[str]) -> None:
-    await warm_up(url, model)
+async def bench(
+    url: str,
+    model: str,
+    pids: dict[str, int],
+    names: list[str],
+    *,
+    protocols: list[str],
+    http_api: str,
+    grpc_target: str,
+) -> None:
+    """Each workload once per protocol, alternating, each charged the CPU it used."""
+    await warm_up(url, model, grpc_target if "grpc" in protocols else "")
     for name in names:
         spec = WORKLOADS[name]
-        before = {k: cpu_s(p) for k, p in pids.items()}
-        client_before = _client_cpu()
-        records, wall = await run_workload(url, model, spec)
-        cpu = {k: cpu_s(p) - before[k] for k, p in pids.items()}
-        cpu["loadgen"] = _client_cpu() - client_before
-        cpu["total"] = sum(cpu.values())
-        print(json.dumps(summarize(name, spec, records, wall, cpu)), flush=True)
+        for protocol in protocols:
+            before = {k: cpu_s(p) for k, p in pids.items()}
+            client_before = _client_cpu()
+            records, wall = await run_workload(
+                url, model, spec, protocol=protocol, http_api=http_api, grpc_target=grpc_target
+            )
+            cpu = {k: cpu_s(p) - before[k] for k, p in pids.items()}
+            cpu["loadgen"] = _client_cpu() - client_before
+            cpu["total"] = sum(cpu.values())
+            labels = {"protocol": protocol, "api": http_api if protocol == "http" else "kserve"}
+            print(json.dumps(summarize(name, spec, records, wall, cpu, labels)), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__)
     parser.add_argument("--workloads", nargs="+", default=["a", "b"], choices=sorted(WORKLOADS))
+    parser.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
+    parser.add_argument(
+        "--http-api",
+        default="completions",
+        choices=HTTP_APIS,
+        help="HTTP endpoint: completions (the same prompt text as gRPC's text_input) or chat",
+    )
     parser.add_argument("--router-mode", default="round-robin")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--url", default="", help="bench a running server instead")
+    parser.add_argument("--grpc", default="", help="its gRPC host:port (with --url)")
     parser.add_argument("--model", default=DEFAULT_MODEL_NAME)
     parser.add_argument("--pids", nargs="*", default=[], help="name=pid pairs to charge CPU to")
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
     names = [w for w in args.workloads for _ in range(args.repeat)]
+    options = {"protocols": args.protocols, "http_api": args.http_api}
     if args.url:
+        if "grpc" in args.protocols and not args.grpc:
+            parser.error("--url with the grpc protocol needs --grpc HOST:PORT")
         pids = {k: int(v) for k, v in (p.split("=", 1) for p in args.pids)}
-        asyncio.run(bench(args.url, args.model, pids, names))
+        asyncio.run(bench(args.url, args.model, pids, names, grpc_target=args.grpc, **options))
         return
     model_dir = ensure_default_model_dir(default_model_dir())
     stack = Stack(
         StackConfig(
             http_port=0,
+            grpc_port=0,
             workers=args.workers,
             router_mode=args.router_mode,
             model_path=str(model_dir),
@@ -243,7 +333,11 @@ def main() -> None:
     stack.start()
     try:
         pids = {name: pid for name, pid in stack.pids().items()}
-        asyncio.run(bench(stack.base_url, args.model, pids, names))
+        asyncio.run(
+            bench(
+                stack.base_url, args.model, pids, names, grpc_target=stack.grpc_address, **options
+            )
+        )
     finally:
         stack.stop()
         stack.remove_run_dir()

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import nats
 import openai
 import pytest
@@ -19,6 +20,8 @@ from shared.subjects import Subjects
 from tests.support import nats_server_binary
 
 MODEL = DEFAULT_MODEL_NAME
+TENSOR_MODEL = "echo"
+"""The tensor model every ``services.echo_tensor`` worker serves."""
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +35,7 @@ def start_stack(run_dir: Path, model_dir: Path, **overrides: object) -> Stack:
         pytest.fail("nats-server not found; install the test extras")
     config = StackConfig(
         http_port=0,
+        grpc_port=0,
         namespace=f"e2e{uuid.uuid4().hex[:8]}",
         workers=2,
         model_path=str(model_dir),
@@ -79,6 +83,51 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
         yield s
     finally:
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def grpc_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
+    """A stack serving gRPC on a free port: one undelayed LLM worker, one echo tensor worker."""
+    s = start_stack(
+        tmp_path_factory.mktemp("grpc"), model_dir, grpc_port=0, workers=1, tensor_workers=1
+    )
+    try:
+        _wait_for_models(s, [MODEL, TENSOR_MODEL], timeout_s=30)
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def grpc_slow_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
+    """A stack serving gRPC on a free port with one realistic-speed worker (for cancellation)."""
+    s = start_stack(
+        tmp_path_factory.mktemp("grpc-slow"),
+        model_dir,
+        grpc_port=0,
+        workers=1,
+        mocker_args="--speedup-ratio 1 --seed 1",
+    )
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _wait_for_models(stack: Stack, models: list[str], timeout_s: float) -> None:
+    """Return once the gateway's ``/health`` lists every one of ``models`` as live.
+
+    ``start_stack`` counts worker cards, and an echo tensor worker's card counts too.
+    """
+    deadline = time.monotonic() + timeout_s
+    live: list[str] = []
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            live = httpx.get(f"{stack.base_url}/health", timeout=2).json().get("models", [])
+            if set(models) <= set(live):
+                return
+        time.sleep(0.1)
+    pytest.fail(f"the gateway lists {live} after {timeout_s}s, not all of {models}")
 
 
 @pytest.fixture

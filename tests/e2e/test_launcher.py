@@ -61,6 +61,8 @@ def test_up_serves_and_sigterm_stops_every_process_and_removes_its_run_dir(
         _up(
             "--http-port",
             "0",
+            "--grpc-port",
+            "0",
             "--workers",
             "1",
             "--model-path",
