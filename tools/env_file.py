@@ -48,8 +48,8 @@ COMPOSE_PROJECT_NAME=jetserve
 JETSERVE_IMAGE=jetserve:latest
 BASE_IMAGE=python:3.11-slim
 NATS_IMAGE=nats:2-alpine
-# Host side of the gateway's published ports (the container side is always 8000 / 8001; gRPC
-# is not served yet).
+# Host side of the gateway's published ports (the container side is always 8000 HTTP / 8001
+# gRPC, KServe v2 / Triton).
 JETSERVE_PUBLISH_ADDR=0.0.0.0
 JETSERVE_HTTP_PORT=8000
 JETSERVE_GRPC_PORT=8001
