@@ -45,4 +45,5 @@ def decode(data: bytes, kind: type[T]) -> T:
 WORKER_EVENTS: Decoder[WorkerEvent] = Decoder(WorkerEvent)
 """What a formatter's stream subject carries: ``TokenBatch`` or ``RequestFailed``."""
 GATEWAY_EVENTS: Decoder[GatewayEvent] = Decoder(GatewayEvent)
-"""What a gateway's reply subject carries: ``ResponseChunk``, ``RequestFailed``, ``TensorResult``."""
+"""What a gateway's reply subject carries: ``ResponseChunk``, ``RequestFailed``
+(or ``TensorResult``)."""

@@ -8,10 +8,9 @@ Written by ``python -m tools.config_doc --write`` together with ``docs/configura
 from __future__ import annotations
 
 import functools
-import importlib
 import textwrap
 
-from services.cli.config import service_configs
+from services.cli.config import config_class, service_configs
 from shared.config import CommonConfig, Setting
 
 EXTRA_SERVICES = ("echo_tensor",)
@@ -65,15 +64,7 @@ JETSERVE_HEALTH_NATS_MONITOR_URL=http://nats:8222
 @functools.cache
 def documented_configs() -> dict[str, type[CommonConfig]]:
     """Every service's config class: ``jetserve up``'s services, then ``EXTRA_SERVICES``."""
-    found = dict(service_configs())
-    for name in EXTRA_SERVICES:
-        module = importlib.import_module(f"services.{name}.config")
-        found[name] = next(
-            cls
-            for cls in vars(module).values()
-            if isinstance(cls, type) and issubclass(cls, CommonConfig) and name == cls.SERVICE
-        )
-    return found
+    return {**service_configs(), **{name: config_class(name) for name in EXTRA_SERVICES}}
 
 
 def common_settings() -> list[Setting]:

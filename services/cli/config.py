@@ -86,18 +86,20 @@ def up_common_settings() -> Settings:
     return CommonConfig.settings().select(*UP_COMMON)
 
 
+def config_class(name: str) -> type[CommonConfig]:
+    """Service ``name``'s config class (the ``CommonConfig`` subclass in its ``config`` module)."""
+    module = importlib.import_module(f"services.{name}.config")
+    return next(
+        cls
+        for cls in vars(module).values()
+        if isinstance(cls, type) and issubclass(cls, CommonConfig) and name == cls.SERVICE
+    )
+
+
 @functools.cache
 def service_configs() -> dict[str, type[CommonConfig]]:
-    """Each service's config class (the ``CommonConfig`` subclass of ``services.<name>.config``)."""
-    found: dict[str, type[CommonConfig]] = {}
-    for name in SERVICES:
-        module = importlib.import_module(f"services.{name}.config")
-        found[name] = next(
-            cls
-            for cls in vars(module).values()
-            if isinstance(cls, type) and issubclass(cls, CommonConfig) and name == cls.SERVICE
-        )
-    return found
+    """Each service's config class, in ``SERVICES`` order."""
+    return {name: config_class(name) for name in SERVICES}
 
 
 @dataclass(frozen=True, slots=True)

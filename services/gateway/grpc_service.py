@@ -30,6 +30,7 @@ from services.gateway.context import (
 from services.gateway.grpc_errors import status_code
 from services.gateway.grpc_infer import Inference
 from services.gateway.kserve import stream_error
+from services.gateway.kserve_models import ModelView
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.relay import Readiness
 from shared.errors import ServiceError
@@ -120,24 +121,22 @@ class InferenceServicer:
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: Context
     ) -> pb.ModelMetadataResponse:
-        started = time.perf_counter()
-        try:
-            view = await self._inference.view(request.name, request.version)
-        except ServiceError as exc:
-            await self._probe_failed("ModelMetadata", exc, started, context)
-        grpc_probe_finished("ModelMetadata", "OK", started, self._metrics)
-        return view.metadata
+        return (await self._view("ModelMetadata", request.name, request.version, context)).metadata
 
     async def ModelConfig(
         self, request: pb.ModelConfigRequest, context: Context
     ) -> pb.ModelConfigResponse:
+        return (await self._view("ModelConfig", request.name, request.version, context)).config
+
+    async def _view(self, rpc: str, name: str, version: str, context: Context) -> ModelView:
+        """The model's KServe view for a metadata RPC (a typed failure aborts the call)."""
         started = time.perf_counter()
         try:
-            view = await self._inference.view(request.name, request.version)
+            view = await self._inference.view(name, version)
         except ServiceError as exc:
-            await self._probe_failed("ModelConfig", exc, started, context)
-        grpc_probe_finished("ModelConfig", "OK", started, self._metrics)
-        return view.config
+            await self._probe_failed(rpc, exc, started, context)
+        grpc_probe_finished(rpc, "OK", started, self._metrics)
+        return view
 
     async def _probe_failed(
         self, rpc: str, exc: ServiceError, started: float, context: Context
