@@ -15,10 +15,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import msgspec
@@ -44,14 +43,11 @@ from shared.messages import (
 )
 from shared.registry import WorkerRegistration, publish_model
 from shared.subjects import Subjects
+from tests.integration.gateway_support import WAIT_S, FakeDownstream, Send
 from tests.support import free_port
 
 MODEL = "mock-model"
-WAIT_S = 5.0
 REQUEST_TIMEOUT_S = 1.0
-
-Send = Callable[[msgspec.Struct], Awaitable[None]]
-Script = Callable[[Preprocess, Send], Coroutine[Any, Any, None]]
 
 
 # --- fakes and fixtures --------------------------------------------------------------------------
@@ -103,43 +99,6 @@ def completion_chunk(text: str, finish: str | None = None) -> bytes:
             "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
         }
     )
-
-
-class FakeDownstream:
-    """Stands in for preprocessor + formatter: answers each ``Preprocess`` with ``script``."""
-
-    def __init__(self, nc: Client, subjects: Subjects) -> None:
-        self._nc = nc
-        self._subjects = subjects
-        self.script: Script = _hello_world
-        self.seen: asyncio.Queue[Preprocess] = asyncio.Queue()
-        self.release = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> None:
-        await self._nc.subscribe(self._subjects.preprocess, queue="preprocessor", cb=self._on)
-        await self._nc.flush()
-
-    async def _on(self, msg: Msg) -> None:
-        request = codec.decode(msg.data, Preprocess)
-        self.seen.put_nowait(request)
-
-        async def send(message: msgspec.Struct) -> None:
-            await self._nc.publish(request.reply_to, codec.encode(message))
-            await self._nc.flush()
-
-        task = asyncio.create_task(self.script(request, send))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def next_request(self) -> Preprocess:
-        return await asyncio.wait_for(self.seen.get(), WAIT_S)
-
-    async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 async def _hello_world(request: Preprocess, send: Send) -> None:
@@ -230,7 +189,7 @@ async def worker(nc: Client, subjects: Subjects, model_card: None) -> AsyncItera
 
 @pytest.fixture
 async def downstream(nc: Client, subjects: Subjects) -> AsyncIterator[FakeDownstream]:
-    fake = FakeDownstream(nc, subjects)
+    fake = FakeDownstream(nc, subjects, _hello_world)
     await fake.start()
     try:
         yield fake

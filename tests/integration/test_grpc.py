@@ -17,14 +17,13 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import httpx
-import msgspec
 import nats
 import pytest
 import uvicorn
@@ -66,16 +65,13 @@ from shared.messages import (
 from shared.registry import WorkerRegistration, publish_model
 from shared.subjects import Subjects
 from tests.integration import mocker_support
+from tests.integration.gateway_support import WAIT_S, FakeDownstream, Send
 from tests.support import free_port
 
 MODEL = "mock-model"
 TENSOR_MODEL = "echo"
-WAIT_S = 5.0
 REQUEST_TIMEOUT_S = 2.0
 SERVICE = "inference.GRPCInferenceService"
-
-Send = Callable[[msgspec.Struct], Awaitable[None]]
-Script = Callable[[Preprocess, Send], Coroutine[Any, Any, None]]
 
 
 # --- KServe helpers ------------------------------------------------------------------------------
@@ -126,43 +122,6 @@ def outputs_of(response: pb.ModelInferResponse) -> dict[str, bytes]:
 
 
 # --- fakes ---------------------------------------------------------------------------------------
-
-
-class FakeDownstream:
-    """Stands in for preprocessor + formatter: answers each ``Preprocess`` with ``script``."""
-
-    def __init__(self, nc: Client, subjects: Subjects) -> None:
-        self._nc = nc
-        self._subjects = subjects
-        self.script: Script = hello_world
-        self.seen: asyncio.Queue[Preprocess] = asyncio.Queue()
-        self.release = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> None:
-        await self._nc.subscribe(self._subjects.preprocess, queue="preprocessor", cb=self._on)
-        await self._nc.flush()
-
-    async def _on(self, msg: Msg) -> None:
-        request = codec.decode(msg.data, Preprocess)
-        self.seen.put_nowait(request)
-
-        async def send(message: msgspec.Struct) -> None:
-            await self._nc.publish(request.reply_to, codec.encode(message))
-            await self._nc.flush()
-
-        task = asyncio.create_task(self.script(request, send))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def next_request(self) -> Preprocess:
-        return await asyncio.wait_for(self.seen.get(), WAIT_S)
-
-    async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 async def hello_world(request: Preprocess, send: Send) -> None:
@@ -316,7 +275,7 @@ async def llm_worker(nc: Client, subjects: Subjects, tmp_path: Path) -> AsyncIte
 
 @pytest.fixture
 async def downstream(nc: Client, subjects: Subjects) -> AsyncIterator[FakeDownstream]:
-    fake = FakeDownstream(nc, subjects)
+    fake = FakeDownstream(nc, subjects, hello_world)
     await fake.start()
     try:
         yield fake
