@@ -118,20 +118,7 @@ def _finished(ctx: RequestContext, metrics: GatewayMetrics) -> None:
     if ctx.path in PROBES:
         log.debug("request_finished", path=ctx.path, status=ctx.status, duration_ms=duration_ms)
         return
-    fields = {
-        "method": ctx.method,
-        "path": ctx.path,
-        "model": ctx.model,
-        "status": ctx.status,
-        "ttft_ms": ctx.ttft_ms,
-        "duration_ms": duration_ms,
-        "prompt_tokens": ctx.prompt_tokens,
-        "completion_tokens": ctx.completion_tokens,
-        "request_id": ctx.request_id,
-    }
-    if ctx.error is not None:
-        fields["error"] = ctx.error
-    log.info("request_finished", **fields)
+    _log_access(ctx, ctx.method, "path", ctx.status, duration_s)
 
 
 @contextmanager
@@ -165,11 +152,19 @@ def grpc_probe_finished(rpc: str, status: str, started_s: float, metrics: Gatewa
 def _grpc_finished(ctx: RequestContext, metrics: GatewayMetrics) -> None:
     duration_s = time.perf_counter() - ctx.started_s
     metrics.observe_grpc(ctx.path, ctx.grpc_status, duration_s, ctx.ttft_s, ctx.error)
-    fields = {
-        "method": "grpc",
-        "rpc": ctx.path,
+    _log_access(ctx, "grpc", "rpc", ctx.grpc_status, duration_s)
+
+
+def _log_access(
+    ctx: RequestContext, method: str, route_key: str, status: int | str, duration_s: float
+) -> None:
+    """The one INFO access line of a request (HTTP: ``path`` and a status code; gRPC: ``rpc``
+    and a status name)."""
+    fields: dict[str, object] = {
+        "method": method,
+        route_key: ctx.path,
         "model": ctx.model,
-        "status": ctx.grpc_status,
+        "status": status,
         "ttft_ms": ctx.ttft_ms,
         "duration_ms": round(duration_s * 1000, 2),
         "prompt_tokens": ctx.prompt_tokens,
