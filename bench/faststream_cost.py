@@ -34,25 +34,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from bench.publisher import CONTROL, wait_for_publisher
 from shared import codec
 from shared.messages import Cancel
+from tests.support import nats_server
 
 ROOT = Path(__file__).resolve().parents[1]
-CONTROL = "bench.control"
 # variant -> how the child publishes
 VARIANTS: dict[str, str] = {
     "raw": "raw",
@@ -139,7 +138,7 @@ async def receivers(url: str, sink: Sink) -> tuple[Any, list[Any]]:
 async def run(url: str, args: argparse.Namespace, child: subprocess.Popen[bytes]) -> None:
     sink = Sink()
     nc, brokers = await receivers(url, sink)
-    await _wait_for_publisher(nc, child)
+    await wait_for_publisher(nc, child, timeout_s=30)
     cpu: dict[str, list[float]] = {v: [] for v in args.variants}
     pub_cpu: dict[str, list[float]] = {"raw": [], "faststream": []}
     for round_no in range(args.rounds + 1):
@@ -188,18 +187,6 @@ async def run(url: str, args: argparse.Namespace, child: subprocess.Popen[bytes]
             )
 
 
-async def _wait_for_publisher(nc: Any, child: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if child.poll() is not None:
-            raise RuntimeError("the publisher process exited")
-        with contextlib.suppress(Exception):
-            await nc.request(CONTROL, b'{"ping": true}', timeout=0.5)
-            return
-        await asyncio.sleep(0.1)
-    raise TimeoutError("the publisher process did not answer")
-
-
 async def publish_on_request(url: str, n: int) -> None:
     """Publish N messages, raw or through FastStream, to the subject each request names."""
     import nats
@@ -236,36 +223,6 @@ async def publish_on_request(url: str, n: int) -> None:
     await stop.wait()
     await broker.stop()
     await nc.drain()
-
-
-@contextlib.contextmanager
-def nats_server(binary: str) -> Iterator[str]:
-    """A private ``nats-server -js`` on a free loopback port; stopped by its own pid."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    with tempfile.TemporaryDirectory() as store:
-        proc = subprocess.Popen(
-            [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", store],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 10
-            while True:
-                with socket.socket() as s:
-                    if s.connect_ex(("127.0.0.1", port)) == 0:
-                        break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"nats-server did not listen on {port}")
-                time.sleep(0.02)
-            yield f"nats://127.0.0.1:{port}"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def _emit(**fields: Any) -> None:
@@ -309,7 +266,13 @@ def main() -> None:
         python=platform.python_version(),
         **_versions(),
     )
-    with nats_server(args.nats_server) as url:
+    with (
+        tempfile.TemporaryDirectory() as store,
+        nats_server(Path(store), args.nats_server) as (
+            url,
+            _,
+        ),
+    ):
         publisher = ["--publisher", url, "--messages", str(args.messages)]
         child = subprocess.Popen(
             [sys.executable, "-m", "bench.faststream_cost", *publisher],

