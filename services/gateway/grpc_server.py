@@ -1,4 +1,4 @@
-"""The gateway's gRPC server (``grpc.aio``), in the HTTP server's process and event loop.
+"""The gateway's gRPC server, in the HTTP server's process and event loop (``grpcserver/``).
 
 It serves ``inference.GRPCInferenceService`` (``grpc_service.py``), ``grpc.health.v1``
 (SERVING once a model has a live worker, NOT_SERVING before and from SIGTERM on) and server
@@ -11,15 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
-from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
+from grpc_reflection.v1alpha import (  # type: ignore[import-untyped]
+    reflection,
+    reflection_pb2_grpc,
+)
 
 from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
 from services.gateway.grpc_infer import Inference
 from services.gateway.grpc_service import InferenceServicer
+from services.gateway.grpcserver.calls import CallLimits
+from services.gateway.grpcserver.connection import Http2Settings
+from services.gateway.grpcserver.server import Server
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.relay import Readiness
 from shared.kserve import grpc_service_pb2 as pb
@@ -32,36 +37,19 @@ HEALTH_INTERVAL_S = 0.5
 """How often the health status is recomputed (worker cards expire without an event)."""
 
 
-def server_options(config: GatewayConfig) -> list[tuple[str, int]]:
-    """grpc core channel args for the server.
-
-    grpc core has one receive-window knob, the initial stream window
-    (``grpc.http2.lookahead_bytes``); its connection window is that target plus what streams
-    were granted beyond it, with no arg of its own, and BDP probing (on by default) keeps
-    re-sizing both. So either window setting turns probing off and fixes the stream window at
-    the larger of the two: each stream may then receive that much, the connection at least that.
-    """
-    options = [
-        # A port in use is an error, not a second listener sharing it.
-        ("grpc.so_reuseport", 0),
-        ("grpc.max_send_message_length", config.grpc_max_message_size),
-        ("grpc.max_receive_message_length", config.grpc_max_message_size),
-    ]
-    windows = [
-        size
-        for size in (
-            config.grpc_initial_stream_window_size,
-            config.grpc_initial_connection_window_size,
-        )
-        if size is not None
-    ]
-    if windows:
-        options += [("grpc.http2.lookahead_bytes", max(windows)), ("grpc.http2.bdp_probe", 0)]
-    return options
+def http2_settings(config: GatewayConfig) -> Http2Settings:
+    """The receive windows the server advertises (the settings, or the defaults)."""
+    defaults = Http2Settings()
+    return Http2Settings(
+        stream_window=config.grpc_initial_stream_window_size or defaults.stream_window,
+        connection_window=(
+            config.grpc_initial_connection_window_size or defaults.connection_window
+        ),
+    )
 
 
 def bind_address(host: str, port: int) -> str:
-    """``host:port`` as grpc wants it (an IPv6 host in brackets)."""
+    """``host:port`` for logs (an IPv6 host in brackets)."""
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
@@ -81,7 +69,7 @@ class GrpcServer:
         )
         self.port = 0
         """The bound port, once started (``--grpc-port 0`` picks a free one)."""
-        self._server: grpc.aio.Server | None = None
+        self._server: Server | None = None
         self._health: health.aio.HealthServicer | None = None
         self._watcher: asyncio.Task[None] | None = None
 
@@ -91,22 +79,23 @@ class GrpcServer:
 
     async def start(self) -> None:
         """Bind and serve; the health status follows the model registry from here on."""
-        server = grpc.aio.server(options=server_options(self._config))
+        size = self._config.grpc_max_message_size
+        server = Server(http2_settings(self._config), CallLimits(max_receive=size, max_send=size))
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+            reflection.aio.ReflectionServicer(names), server
         )
-        address = bind_address(self._config.http_host, self._config.grpc_port)
         try:
-            self.port = server.add_insecure_port(address)
-        except RuntimeError:
-            log.error("grpc_bind_failed", address=address, hint="is the port in use?")
+            self.port = await server.start(self._config.http_host, self._config.grpc_port)
+        except OSError as exc:
+            address = bind_address(self._config.http_host, self._config.grpc_port)
+            log.error("grpc_bind_failed", address=address, error=str(exc))
             raise
-        await self._set_health(is_serving=False)
-        await server.start()
         self._server = server
+        await self._set_health(is_serving=False)
         self._watcher = asyncio.get_running_loop().create_task(self._watch_health())
 
     async def stop(self, grace_s: float) -> None:

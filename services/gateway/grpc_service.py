@@ -29,6 +29,7 @@ from services.gateway.context import (
 )
 from services.gateway.grpc_errors import status_code
 from services.gateway.grpc_infer import Inference
+from services.gateway.grpcserver.calls import Call
 from services.gateway.kserve import stream_error
 from services.gateway.kserve_models import ModelView
 from services.gateway.metrics import GatewayMetrics
@@ -44,7 +45,7 @@ EXTENSIONS = ("model_configuration", "parameters")
 """Triton extensions served: ``ModelConfig``, and request/response ``parameters``."""
 _INTERNAL = "Internal server error."
 
-Context = grpc.aio.ServicerContext[Any, Any]
+Context = Call
 
 
 def _unary() -> tuple[pb.ModelInferResponse, pb.ModelInferResponse]:

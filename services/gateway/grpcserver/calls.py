@@ -1,0 +1,368 @@
+"""One gRPC call on an HTTP/2 stream, behind ``grpc.aio``'s servicer interface.
+
+``Call`` is both the stream's handler (length-prefixed messages in, RST_STREAM) and the
+``context`` a servicer method gets: ``abort``, ``time_remaining``, ``invocation_metadata``,
+``set_trailing_metadata``, ``set_code``/``set_details``, ``write``/``read``, ``cancelled``. So
+servicers written for ``grpc.aio`` — ours, and grpcio's health and reflection servicers — run
+unchanged, from the handlers that generated ``add_*Servicer_to_server`` functions register.
+
+Status semantics follow grpc: ``abort`` ends the call with its code; an exception out of the
+method is UNKNOWN (or the code set before it); the deadline (``grpc-timeout``) cancels the
+method and answers DEADLINE_EXCEEDED; a client RST_STREAM or a lost connection cancels it and
+sends nothing. Received bytes are given back to the client's window as soon as they are read,
+unless messages are queued unread (a streaming method that is behind): then once it catches up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import grpc
+import structlog
+
+from services.gateway.grpcserver.connection import Stream, StreamReset
+from services.gateway.grpcserver.frames import (
+    MESSAGE_PREFIX,
+    RESPONSE_HEADERS,
+    TRAILERS_OK,
+    decode_metadatum,
+    trailers,
+)
+
+log = structlog.get_logger(__name__)
+
+Metadata = Sequence[tuple[str, str | bytes]]
+Handler = Any
+"""``grpc.RpcMethodHandler`` (grpcio's namedtuple; its stubs do not type it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallLimits:
+    max_receive: int
+    max_send: int
+
+
+class Abort(Exception):
+    """``context.abort(...)``: end the call with this status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, metadata: Metadata = ()) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+        self.metadata = metadata
+
+
+def _decompressor(encoding: str) -> Callable[[bytes], bytes] | None:
+    if encoding == "gzip":
+        return lambda data: zlib.decompress(data, wbits=31)
+    if encoding == "deflate":
+        return zlib.decompress
+    return None
+
+
+SUPPORTED_ENCODINGS = frozenset({"identity", "gzip", "deflate"})
+
+
+class Call:
+    """One call: reads its messages, runs the method in a task, writes its responses."""
+
+    __slots__ = (
+        "_buffer",
+        "_code",
+        "_deadline",
+        "_decompress",
+        "_deferred",
+        "_details",
+        "_ended",
+        "_expired",
+        "_finished",
+        "_handler",
+        "_limits",
+        "_metadata",
+        "_queue",
+        "_raw_metadata",
+        "_stream",
+        "_timer",
+        "_trailing",
+        "_waiter",
+        "method",
+        "task",
+    )
+
+    def __init__(
+        self,
+        stream: Stream,
+        method: str,
+        handler: Handler,
+        raw_metadata: list[tuple[bytes, bytes]],
+        timeout_s: float | None,
+        encoding: str,
+        limits: CallLimits,
+    ) -> None:
+        self._stream = stream
+        self.method = method
+        self._handler = handler
+        self._raw_metadata = raw_metadata
+        self._metadata: tuple[tuple[str, str | bytes], ...] | None = None
+        self._limits = limits
+        self._decompress = _decompressor(encoding)
+        self._buffer = bytearray()
+        self._queue: deque[bytes] = deque()
+        self._deferred = 0
+        self._ended = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._code: grpc.StatusCode | None = None
+        self._details = ""
+        self._trailing: Metadata = ()
+        self._finished = False
+        self._expired = False
+        loop = asyncio.get_running_loop()
+        self._deadline: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        if timeout_s is not None:
+            self._deadline = time.monotonic() + timeout_s
+            self._timer = loop.call_later(timeout_s, self._expire)
+        self.task: asyncio.Task[None] = loop.create_task(self._run())
+
+    # --- the stream's side ---------------------------------------------------------------------
+
+    def data_received(self, data: bytes, end_stream: bool) -> None:
+        if data:
+            if self._queue:  # the method is behind: hold the window until it catches up
+                self._deferred += len(data)
+            else:
+                self._stream.consumed(len(data))
+            self._split(data)
+        if end_stream:
+            self._ended = True
+            if self._buffer and not self._finished:
+                self._fail_now(grpc.StatusCode.INTERNAL, "The request ended inside a message.")
+        self._wake()
+
+    def _split(self, data: bytes) -> None:
+        """Complete length-prefixed messages to the queue; a partial one stays buffered."""
+        buffer = self._buffer
+        if not buffer and len(data) >= 5:
+            flag, length = MESSAGE_PREFIX.unpack_from(data)
+            if len(data) == 5 + length and length <= self._limits.max_receive:
+                self._queue.append(self._payload(flag, data[5:]))
+                return
+        buffer += data
+        while len(buffer) >= 5 and not self._finished:
+            flag, length = MESSAGE_PREFIX.unpack_from(buffer)
+            if length > self._limits.max_receive:
+                self._fail_now(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"Received message larger than max ({length} vs. {self._limits.max_receive})",
+                )
+                return
+            if len(buffer) < 5 + length:
+                return
+            self._queue.append(self._payload(flag, bytes(buffer[5 : 5 + length])))
+            del buffer[: 5 + length]
+
+    def _payload(self, flag: int, data: bytes) -> bytes:
+        if not flag:
+            return data
+        if self._decompress is None:
+            self._fail_now(grpc.StatusCode.INTERNAL, "A compressed message without grpc-encoding.")
+            return b""
+        try:
+            return self._decompress(data)
+        except zlib.error:
+            self._fail_now(grpc.StatusCode.INTERNAL, "A message failed to decompress.")
+            return b""
+
+    def reset(self) -> None:
+        """The client cancelled (RST_STREAM) or went away: stop the method, send nothing."""
+        self._finished = True
+        self._cancel_timer()
+        self.task.cancel()
+
+    def _expire(self) -> None:
+        self._timer = None
+        if not self._finished:
+            self._expired = True
+            self.task.cancel()
+
+    def _fail_now(self, code: grpc.StatusCode, details: str) -> None:
+        self._finish(code, details, ())
+        self.task.cancel()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # --- reading ------------------------------------------------------------------------------
+
+    async def _next(self) -> bytes | None:
+        """The next request message; ``None`` once the client has half-closed."""
+        queue = self._queue
+        while not queue:
+            if self._ended:
+                return None
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        data = queue.popleft()
+        if not queue and self._deferred:
+            self._stream.consumed(self._deferred)
+            self._deferred = 0
+        return data
+
+    def _parse(self, data: bytes) -> Any:
+        try:
+            return self._handler.request_deserializer(data)
+        except Exception:  # noqa: BLE001 - any parse failure is the client's message
+            raise Abort(grpc.StatusCode.INTERNAL, "Failed to parse the request message.") from None
+
+    async def _requests(self) -> AsyncIterator[Any]:
+        while (data := await self._next()) is not None:
+            yield self._parse(data)
+
+    async def _one_request(self) -> Any:
+        data = await self._next()
+        if data is None or await self._next() is not None:
+            raise Abort(grpc.StatusCode.INTERNAL, "A unary call needs exactly one request message.")
+        return self._parse(data)
+
+    # --- running ------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        handler = self._handler
+        try:
+            request = self._requests() if handler.request_streaming else await self._one_request()
+            if not handler.response_streaming:
+                fn = handler.stream_unary if handler.request_streaming else handler.unary_unary
+                response = await fn(request, self)
+                if response is None and self._code not in (None, grpc.StatusCode.OK):
+                    raise Abort(self._code, self._details, self._trailing)
+                await self._respond(response)
+                return
+            fn = handler.stream_stream if handler.request_streaming else handler.unary_stream
+            result = fn(request, self)
+            if hasattr(result, "__anext__"):
+                async for response in result:
+                    await self.write(response)
+            else:
+                await result
+            self._finish(self._code or grpc.StatusCode.OK, self._details, self._trailing)
+        except Abort as exc:
+            self._finish(exc.code, exc.details, exc.metadata or self._trailing)
+        except StreamReset:
+            self._finished = True
+        except asyncio.CancelledError:
+            if self._expired:
+                self._finish(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", ())
+            else:
+                self._finish(grpc.StatusCode.CANCELLED, "Cancelled", ())
+        except Exception as exc:
+            if self._code in (None, grpc.StatusCode.OK):
+                log.exception("grpc_method_crashed", method=self.method)
+            self._finish(
+                self._code or grpc.StatusCode.UNKNOWN,
+                self._details or f"Unexpected {type(exc)}: {exc}",
+                self._trailing,
+            )
+
+    async def _respond(self, response: Any) -> None:
+        """A unary response: headers, the message and the trailers, in one write if it fits."""
+        data = self._serialize(response)
+        if self._finished:
+            return
+        self._finished = True
+        self._cancel_timer()
+        stream = self._stream
+        ending = TRAILERS_OK if not self._trailing else trailers(0, "", self._trailing)
+        await stream.send_data(
+            data, headers=None if stream.headers_sent else RESPONSE_HEADERS, trailers=ending
+        )
+
+    def _serialize(self, response: Any) -> bytes:
+        try:
+            data: bytes = self._handler.response_serializer(response)
+        except Exception:
+            log.exception("grpc_response_unserializable", method=self.method)
+            raise Abort(grpc.StatusCode.INTERNAL, "Failed to serialize the response.") from None
+        if len(data) > self._limits.max_send:
+            raise Abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"Sent message larger than max ({len(data)} vs. {self._limits.max_send})",
+            )
+        return MESSAGE_PREFIX.pack(0, len(data)) + data
+
+    def _finish(self, code: grpc.StatusCode, details: str, metadata: Metadata) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self._cancel_timer()
+        stream = self._stream
+        if stream.is_open:
+            only = not stream.headers_sent
+            block = trailers(code.value[0], details, metadata, trailers_only=only)
+            stream.send_headers(block, end_stream=True)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # --- the servicer's context (grpc.aio.ServicerContext) -------------------------------------
+
+    async def write(self, message: Any) -> None:
+        """One response of a streaming method."""
+        data = self._serialize(message)
+        if self._finished:
+            raise StreamReset("the call is over")
+        stream = self._stream
+        await stream.send_data(data, headers=None if stream.headers_sent else RESPONSE_HEADERS)
+
+    async def read(self) -> Any:
+        """The next request of a streaming method, or ``grpc.aio.EOF``."""
+        data = await self._next()
+        return grpc.aio.EOF if data is None else self._parse(data)
+
+    async def abort(
+        self, code: grpc.StatusCode, details: str = "", trailing_metadata: Metadata = ()
+    ) -> NoReturn:
+        raise Abort(code, details, trailing_metadata)
+
+    def time_remaining(self) -> float | None:
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - time.monotonic())
+
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        if self._metadata is None:
+            self._metadata = tuple(decode_metadatum(k, v) for k, v in self._raw_metadata)
+        return self._metadata
+
+    def set_trailing_metadata(self, trailing_metadata: Metadata) -> None:
+        self._trailing = tuple(trailing_metadata)
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def set_details(self, details: str) -> None:
+        self._details = details
+
+    def code(self) -> grpc.StatusCode | None:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def cancelled(self) -> bool:
+        return self._finished and not self._stream.is_local_closed
+
+    def done(self) -> bool:
+        return self._finished
