@@ -1,13 +1,15 @@
 """Serving benchmark: start a local stack (speedup 0), drive it at concurrency 1 and 64, print JSON.
 
-    python -m bench.serving [--workloads a b] [--protocols http grpc] [--http-api completions]
+    python -m bench.serving [--workloads a b] [--protocols http grpc grpc-grpcio] [--http-api ...]
                             [--router-mode round-robin] [--url URL --grpc HOST:PORT --pids n=pid]
 
 (a) c=1, 200 requests, 32 output tokens; (b) c=64, 2000 requests, 64 output tokens; streaming,
 ``ignore_eos`` so every request yields exactly ``max_tokens``. Each workload runs once per
 protocol, alternating on the same stack: HTTP (``/v1/completions``, or chat with ``--http-api
 chat``; kept-alive connections) and KServe gRPC (``ModelStreamInfer``, one stream per client,
-requests one after another on it); the same prompts, one JSON line each with ``"protocol"``.
+requests one after another on it) from two clients: ``grpc`` is grpclib's (asyncio, no threads,
+as the raw HTTP client), ``grpc-grpcio`` the stock one (grpc core, what Triton users run); the
+same prompts, one JSON line each with ``"protocol"``.
 CPU per request is read from /proc for every process of the stack and for this client.
 """
 
@@ -23,7 +25,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from bench.grpcclient import StreamClient
+from bench.grpcclient import CLIENTS, LoopStreamClient
 from bench.httpclient import Connection, Record
 from services.cli.stack import Stack, StackConfig
 from shared.model_dir import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model_dir
@@ -71,7 +73,7 @@ WORDS = [
     "bridge",
 ]
 CLK = os.sysconf("SC_CLK_TCK")
-PROTOCOLS = ("http", "grpc")
+PROTOCOLS = ("http", "grpc", "grpc-grpcio")
 HTTP_APIS = ("completions", "chat")
 
 
@@ -123,7 +125,7 @@ async def warm_up(url: str, model: str, grpc_target: str = "") -> None:
             await warm.post_stream(path, body)
     await warm.close()
     if grpc_target:
-        stream = StreamClient(grpc_target)
+        stream = LoopStreamClient(grpc_target)
         for _ in range(5):
             await stream.infer(model, "warm up", 4)
         await stream.close()
@@ -141,8 +143,8 @@ async def run_workload(
     """One request of ``prompt_words`` random words per prompt, over ``protocol``."""
     texts = prompts(spec["requests"], spec["prompt_words"])
     concurrency, max_tokens = spec["concurrency"], spec["max_tokens"]
-    if protocol == "grpc":
-        return await run_grpc(grpc_target, model, texts, concurrency, max_tokens)
+    if protocol in CLIENTS:
+        return await run_grpc(grpc_target, model, texts, concurrency, max_tokens, protocol)
     if http_api == "completions":
         return await run_completions(url, model, texts, concurrency, max_tokens)
     chats = [[{"role": "user", "content": t}] for t in texts]
@@ -200,16 +202,22 @@ async def _run_http(
 
 
 async def run_grpc(
-    grpc_target: str, model: str, texts: list[str], concurrency: int, max_tokens: int
+    grpc_target: str,
+    model: str,
+    texts: list[str],
+    concurrency: int,
+    max_tokens: int,
+    protocol: str = "grpc",
 ) -> tuple[list[Record], float]:
-    """Send every prompt over ``ModelStreamInfer``: ``concurrency`` clients, one stream each."""
+    """Send every prompt over ``ModelStreamInfer``: ``concurrency`` clients (of the protocol's
+    client class), one stream each."""
     queue: asyncio.Queue[str] = asyncio.Queue()
     for text in texts:
         queue.put_nowait(text)
     records: list[Record] = []
 
     async def worker() -> None:
-        stream = StreamClient(grpc_target)
+        stream = CLIENTS[protocol](grpc_target)
         try:
             while not queue.empty():
                 records.append(await stream.infer(model, queue.get_nowait(), max_tokens))
@@ -274,7 +282,7 @@ async def bench(
     grpc_target: str,
 ) -> None:
     """Each workload once per protocol, alternating, each charged the CPU it used."""
-    await warm_up(url, model, grpc_target if "grpc" in protocols else "")
+    await warm_up(url, model, grpc_target if set(protocols) & set(CLIENTS) else "")
     for name in names:
         spec = WORKLOADS[name]
         for protocol in protocols:
@@ -287,6 +295,8 @@ async def bench(
             cpu["loadgen"] = _client_cpu() - client_before
             cpu["total"] = sum(cpu.values())
             labels = {"protocol": protocol, "api": http_api if protocol == "http" else "kserve"}
+            if protocol in CLIENTS:
+                labels["client"] = CLIENTS[protocol].__name__
             print(json.dumps(summarize(name, spec, records, wall, cpu, labels)), flush=True)
 
 
@@ -311,7 +321,7 @@ def main() -> None:
     names = [w for w in args.workloads for _ in range(args.repeat)]
     options = {"protocols": args.protocols, "http_api": args.http_api}
     if args.url:
-        if "grpc" in args.protocols and not args.grpc:
+        if set(args.protocols) & set(CLIENTS) and not args.grpc:
             parser.error("--url with the grpc protocol needs --grpc HOST:PORT")
         pids = {k: int(v) for k, v in (p.split("=", 1) for p in args.pids)}
         asyncio.run(bench(args.url, args.model, pids, names, grpc_target=args.grpc, **options))
