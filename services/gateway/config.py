@@ -34,21 +34,19 @@ class GatewayConfig(CommonConfig):
         ge=0,
         le=65535,
     )
-    grpc_initial_connection_window_size: int | None = setting(
-        None,
-        "gRPC HTTP/2 connection receive window, bytes (unset = auto-tuned). grpc core has no "
-        "separate connection window: setting this or the stream window fixes the receive window "
-        "at the larger of the two (grpc.http2.lookahead_bytes) and turns BDP probing off "
-        "(grpc.http2.bdp_probe=0); the connection window is then at least that much",
-        ge=1024,
+    grpc_initial_connection_window_size: int = setting(
+        16 * 1024 * 1024,
+        "gRPC HTTP/2 connection receive window, bytes: what one client connection may have in "
+        "flight to the gateway, all its streams together (so what the gateway may hold for it)",
+        ge=65_535,
         le=WINDOW_MAX,
         also_env=("JETSERVE_GRPC_INITIAL_CONNECTION_WINDOW_SIZE",),
     )
-    grpc_initial_stream_window_size: int | None = setting(
-        None,
-        "gRPC HTTP/2 per-stream receive window, bytes (unset = auto-tuned by BDP probing); see "
-        "--grpc-initial-connection-window-size. Bounds what clients may send ahead; what the "
-        "gateway sends is bounded by the client's windows",
+    grpc_initial_stream_window_size: int = setting(
+        1024 * 1024,
+        "gRPC HTTP/2 per-stream receive window, bytes (SETTINGS_INITIAL_WINDOW_SIZE): what a "
+        "client may send ahead on one stream. What the gateway sends is bounded by the "
+        "client's windows",
         ge=1024,
         le=WINDOW_MAX,
         also_env=("JETSERVE_GRPC_INITIAL_STREAM_WINDOW_SIZE",),

@@ -38,13 +38,10 @@ HEALTH_INTERVAL_S = 0.5
 
 
 def http2_settings(config: GatewayConfig) -> Http2Settings:
-    """The receive windows the server advertises (the settings, or the defaults)."""
-    defaults = Http2Settings()
+    """The receive windows the server advertises."""
     return Http2Settings(
-        stream_window=config.grpc_initial_stream_window_size or defaults.stream_window,
-        connection_window=(
-            config.grpc_initial_connection_window_size or defaults.connection_window
-        ),
+        stream_window=config.grpc_initial_stream_window_size,
+        connection_window=config.grpc_initial_connection_window_size,
     )
 
 

@@ -39,22 +39,28 @@ def test_non_positive_timeout_is_rejected() -> None:
         GatewayConfig(request_timeout_s=0)
 
 
-def test_grpc_windows_are_unset_and_messages_64_mib_by_default() -> None:
+def test_grpc_windows_and_messages_default_to_16_1_and_64_mib() -> None:
     config = GatewayConfig.from_cli([])
-    assert config.grpc_initial_connection_window_size is None
-    assert config.grpc_initial_stream_window_size is None
+    assert config.grpc_initial_connection_window_size == 16 * 1024 * 1024
+    assert config.grpc_initial_stream_window_size == 1024 * 1024
     assert config.grpc_max_message_size == 64 * 1024 * 1024
 
 
 def test_grpc_windows_also_read_the_short_env_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("JETSERVE_GRPC_INITIAL_CONNECTION_WINDOW_SIZE", "16777216")
-    monkeypatch.setenv("JETSERVE_GATEWAY_GRPC_INITIAL_STREAM_WINDOW_SIZE", "1048576")
+    monkeypatch.setenv("JETSERVE_GRPC_INITIAL_CONNECTION_WINDOW_SIZE", "33554432")
+    monkeypatch.setenv("JETSERVE_GATEWAY_GRPC_INITIAL_STREAM_WINDOW_SIZE", "65536")
     monkeypatch.setenv("JETSERVE_GRPC_INITIAL_STREAM_WINDOW_SIZE", "5")  # the long name wins
     config = GatewayConfig.from_cli([])
-    assert config.grpc_initial_connection_window_size == 16 * 1024 * 1024
-    assert config.grpc_initial_stream_window_size == 1024 * 1024
+    assert config.grpc_initial_connection_window_size == 32 * 1024 * 1024
+    assert config.grpc_initial_stream_window_size == 65536
 
 
 def test_grpc_window_beyond_http2_is_rejected() -> None:
     with pytest.raises(ValueError, match="grpc-initial-stream-window-size"):
         GatewayConfig(grpc_initial_stream_window_size=2**31)
+
+
+def test_a_connection_window_below_http2s_initial_one_is_rejected() -> None:
+    # A connection window only grows (WINDOW_UPDATE) from 65,535: it cannot be set lower.
+    with pytest.raises(ValueError, match="grpc-initial-connection-window-size"):
+        GatewayConfig(grpc_initial_connection_window_size=65_534)
