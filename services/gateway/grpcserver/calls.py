@@ -19,7 +19,7 @@ import asyncio
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -58,15 +58,19 @@ class Abort(Exception):
         self.metadata = metadata
 
 
-def _decompressor(encoding: str) -> Callable[[bytes], bytes] | None:
-    if encoding == "gzip":
-        return lambda data: zlib.decompress(data, wbits=31)
-    if encoding == "deflate":
-        return zlib.decompress
-    return None
+_WBITS = {"gzip": 31, "deflate": 15}
+"""zlib's window bits for each ``grpc-encoding``: gzip (RFC 1952) and zlib (RFC 1950) framing."""
+SUPPORTED_ENCODINGS = frozenset({"identity", *_WBITS})
 
 
-SUPPORTED_ENCODINGS = frozenset({"identity", "gzip", "deflate"})
+def _inflate(data: bytes, wbits: int, limit: int) -> bytes:
+    """``data`` decompressed, but never more than ``limit + 1`` bytes of it: the message limit
+    holds for what a message inflates to, not for its compressed size."""
+    inflater = zlib.decompressobj(wbits)
+    out = inflater.decompress(data, limit + 1)
+    if len(out) <= limit and not inflater.eof:
+        raise zlib.error("incomplete or truncated stream")
+    return out
 
 
 class Call:
@@ -76,7 +80,6 @@ class Call:
         "_buffer",
         "_code",
         "_deadline",
-        "_decompress",
         "_deferred",
         "_details",
         "_ended",
@@ -91,6 +94,7 @@ class Call:
         "_timer",
         "_trailing",
         "_waiter",
+        "_wbits",
         "method",
         "task",
     )
@@ -111,7 +115,7 @@ class Call:
         self._raw_metadata = raw_metadata
         self._metadata: tuple[tuple[str, str | bytes], ...] | None = None
         self._limits = limits
-        self._decompress = _decompressor(encoding)
+        self._wbits = _WBITS.get(encoding)
         self._buffer = bytearray()
         self._queue: deque[bytes] = deque()
         self._deferred = 0
@@ -170,14 +174,22 @@ class Call:
     def _payload(self, flag: int, data: bytes) -> bytes:
         if not flag:
             return data
-        if self._decompress is None:
+        if self._wbits is None:
             self._fail_now(grpc.StatusCode.INTERNAL, "A compressed message without grpc-encoding.")
             return b""
+        limit = self._limits.max_receive
         try:
-            return self._decompress(data)
+            data = _inflate(data, self._wbits, limit)
         except zlib.error:
             self._fail_now(grpc.StatusCode.INTERNAL, "A message failed to decompress.")
             return b""
+        if len(data) > limit:
+            self._fail_now(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"Received message larger than max (over {limit} bytes decompressed)",
+            )
+            return b""
+        return data
 
     def reset(self) -> None:
         """The client cancelled (RST_STREAM) or went away: stop the method, send nothing."""

@@ -112,7 +112,7 @@ class Stream:
         self._conn = conn
         self.id = stream_id
         self.send_window = send_window
-        self.recv_window = conn.settings.stream_window
+        self.recv_window = conn.initial_stream_window
         self.unacked = 0
         """Consumed bytes not yet given back (sent in a WINDOW_UPDATE)."""
         self.held = 0
@@ -239,9 +239,14 @@ class Http2Connection(asyncio.Protocol):
         self.peer_max_frame = MIN_FRAME_SIZE
         self._table_reset = True
         """The next header block starts with a table size update to 0."""
-        self._recv_window = settings.connection_window
-        self._freed = 0
-        """Received bytes consumed (or dropped) and not yet given back to the peer."""
+        self.initial_stream_window = max(settings.stream_window, DEFAULT_WINDOW)
+        """A new stream's receive window: until the peer acknowledges our SETTINGS it may go
+        by the default (RFC 9113 §6.5.3), and grpc clients send before they read them."""
+        self._recv_window = max(settings.connection_window, DEFAULT_WINDOW)
+        self._freed = min(0, settings.connection_window - DEFAULT_WINDOW)
+        """Received bytes consumed (or dropped) and not yet given back to the peer. The
+        connection window starts at the default and only WINDOW_UPDATE moves it, so a smaller
+        one starts in debt: the first bytes consumed are not given back."""
         self.is_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._is_closing = False
@@ -485,6 +490,7 @@ class Http2Connection(asyncio.Protocol):
         if flags & Flag.ACK:
             if payload:
                 raise ConnectionError_(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            self._settings_acked()
             return
         if len(payload) % 6:
             raise ConnectionError_(ErrorCode.FRAME_SIZE_ERROR, "bad SETTINGS")
@@ -508,6 +514,15 @@ class Http2Connection(asyncio.Protocol):
             elif key == Setting.HEADER_TABLE_SIZE:
                 self._table_reset = True
         self.write(frame(FrameType.SETTINGS, Flag.ACK, 0))
+
+    def _settings_acked(self) -> None:
+        """The peer goes by our SETTINGS from now on: a stream window smaller than the default
+        shrinks the windows of the streams it opened before, as it does on its side."""
+        delta = self.settings.stream_window - self.initial_stream_window
+        if delta < 0:
+            self.initial_stream_window = self.settings.stream_window
+            for stream in self.streams.values():
+                stream.recv_window += delta
 
     def _rst_stream(self, stream_id: int, payload: bytes) -> None:
         if stream_id == 0:

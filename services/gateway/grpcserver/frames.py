@@ -203,7 +203,7 @@ def percent_encode(message: str) -> bytes:
 def encode_metadatum(key: str, value: str | bytes) -> tuple[bytes, bytes]:
     """A metadata pair as header bytes: ``-bin`` values base64 without padding."""
     name = key.lower().encode()
-    if key.endswith("-bin"):
+    if name.endswith(b"-bin"):
         raw = value if isinstance(value, bytes) else value.encode()
         return name, base64.b64encode(raw).rstrip(b"=")
     return name, value.encode() if isinstance(value, str) else value

@@ -103,7 +103,7 @@ class Server:
         if method != b"POST":
             stream.send_headers(http_status(405), end_stream=True)
             return None
-        if not content_type.startswith(b"application/grpc"):
+        if not _is_grpc(content_type):
             stream.send_headers(http_status(415), end_stream=True)
             return None
         rpc = path.decode("latin-1")
@@ -147,6 +147,13 @@ class Server:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._server.wait_closed(), 1.0)
         self._server = None
+
+
+def _is_grpc(content_type: bytes) -> bool:
+    """``application/grpc``, bare or with a ``+format`` or parameters; not ``application/grpc-web``
+    (another protocol: its trailers travel in the body)."""
+    subtype = content_type[len(b"application/grpc") :]
+    return content_type.startswith(b"application/grpc") and subtype[:1] in (b"", b"+", b";")
 
 
 def _refuse(stream: Stream, code: grpc.StatusCode, message: str) -> None:
