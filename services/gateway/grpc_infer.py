@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import structlog
@@ -20,6 +20,7 @@ from services.gateway.bus import GatewayBus, Reply
 from services.gateway.config import GatewayConfig
 from services.gateway.context import RequestContext, note_error
 from services.gateway.errors import NoResponders
+from services.gateway.grpcserver.connection import StreamReset
 from services.gateway.kserve import (
     fill_tensors,
     fill_text,
@@ -89,7 +90,7 @@ class Inference:
         request: pb.ModelInferRequest,
         ctx: RequestContext,
         make: Make[T],
-        emit: Callable[[T], None] | None = None,
+        emit: Callable[[T], Awaitable[None]] | None = None,
         deadline: float | None = None,
     ) -> T:
         """The request's final response; with ``emit`` (a stream) partial ones go there first.
@@ -111,7 +112,7 @@ class Inference:
         request: pb.ModelInferRequest,
         ctx: RequestContext,
         make: Make[T],
-        emit: Callable[[T], None] | None,
+        emit: Callable[[T], Awaitable[None]] | None,
         deadline: float | None,
     ) -> T:
         parsed = text_request(request)
@@ -157,8 +158,8 @@ class Inference:
                         final=False,
                         wanted=parsed.outputs,
                     )
-                    emit(out)
                     parts.clear()
+                    await emit(out)
                 chunk = await reply.next(_wait_s(self._idle_timeout_s, deadline))
             reply.close()
         except BaseException as exc:
@@ -277,7 +278,7 @@ class Inference:
 def _abandon(reply: Reply, exc: BaseException, deadline: float | None) -> None:
     """Stop a request that will not be answered: cancelled call, or a bug (a ``ServiceError``
     from the reply has closed or cancelled it already)."""
-    if isinstance(exc, asyncio.CancelledError):
+    if isinstance(exc, (asyncio.CancelledError, StreamReset)):
         reason = "timeout" if _is_past(deadline) else "client_disconnected"
         note_error(reason)
         reply.cancel(reason)

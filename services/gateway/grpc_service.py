@@ -10,11 +10,10 @@ Stream requests run concurrently, each in its own task; their responses carry th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
 
 import grpc
 import structlog
@@ -30,6 +29,7 @@ from services.gateway.context import (
 from services.gateway.grpc_errors import status_code
 from services.gateway.grpc_infer import Inference
 from services.gateway.grpcserver.calls import Call
+from services.gateway.grpcserver.connection import StreamReset
 from services.gateway.kserve import stream_error
 from services.gateway.kserve_models import ModelView
 from services.gateway.metrics import GatewayMetrics
@@ -168,98 +168,44 @@ class InferenceServicer:
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Context
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        outbox = _Outbox()
-        deadline = _deadline(context)
-        reader = asyncio.get_running_loop().create_task(self._read(requests, outbox, deadline))
-        try:
-            while (response := await outbox.get()) is not None:
-                yield response
-        finally:
-            reader.cancel()
-            outbox.cancel()
-
-    async def _read(
-        self,
-        requests: AsyncIterator[pb.ModelInferRequest],
-        outbox: _Outbox,
-        deadline: float | None,
     ) -> None:
-        """Start a task per request until the client half-closes the stream."""
+        """One task per request, each writing its own responses (the call keeps each message
+        whole); the call ends once the client has half-closed and every request is answered.
+        Cancelling the call (client cancel, deadline) cancels every request."""
+        deadline = _deadline(context)
+        loop = asyncio.get_running_loop()
+        tasks: set[asyncio.Task[None]] = set()
         try:
-            async for request in requests:
-                outbox.start(self._stream_one(request, outbox, deadline))
-        except Exception as exc:  # noqa: BLE001 - the call broke: answer what was read, then end
-            log.warning("stream_read_failed", error_type=type(exc).__name__, error=str(exc))
+            try:
+                async for request in requests:
+                    task = loop.create_task(self._stream_one(request, context, deadline))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+            except Exception as exc:  # noqa: BLE001 - the call broke: answer what was read
+                log.warning("stream_read_failed", error_type=type(exc).__name__, error=str(exc))
+            while tasks:
+                await asyncio.wait(tuple(tasks))
         finally:
-            outbox.end_of_requests()
+            for task in tasks:
+                task.cancel()
 
     async def _stream_one(
-        self, request: pb.ModelInferRequest, outbox: _Outbox, deadline: float | None
+        self, request: pb.ModelInferRequest, context: Context, deadline: float | None
     ) -> None:
         with grpc_context("ModelStreamInfer", self._metrics) as ctx:
             try:
-                last = await self._inference.run(request, ctx, _streamed, outbox.put, deadline)
+                last = await self._inference.run(request, ctx, _streamed, context.write, deadline)
+            except StreamReset:  # the call is over (the client went): nobody to answer
+                ctx.grpc_status = grpc.StatusCode.CANCELLED.name
+                return
             except ServiceError as exc:
                 _failed(ctx, exc)
                 last = stream_error(exc.message, model=request.model_name, request_id=request.id)
             except Exception:  # noqa: BLE001 - a bug: one traceback, the stream goes on
                 _crashed(ctx)
                 last = stream_error(_INTERNAL, model=request.model_name, request_id=request.id)
-            outbox.put(last)
-
-
-class _Outbox:
-    """A stream's responses in order, from its request tasks to the one writer.
-
-    ``get()`` returns ``None`` once the client has half-closed and every task has finished.
-    """
-
-    __slots__ = ("_is_reading", "_items", "_tasks", "_waiter")
-
-    def __init__(self) -> None:
-        self._items: deque[pb.ModelStreamInferResponse] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._is_reading = True
-
-    def put(self, item: pb.ModelStreamInferResponse) -> None:
-        self._items.append(item)
-        self._wake()
-
-    async def get(self) -> pb.ModelStreamInferResponse | None:
-        while not self._items:
-            if not self._is_reading and not self._tasks:
-                return None
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-        return self._items.popleft()
-
-    def start(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._finished)
-
-    def end_of_requests(self) -> None:
-        self._is_reading = False
-        self._wake()
-
-    def cancel(self) -> None:
-        """The call is over (cancelled by the client, or its deadline): stop every request."""
-        for task in self._tasks:
-            task.cancel()
-
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+            with contextlib.suppress(StreamReset):
+                await context.write(last)
 
 
 def _failed(ctx: RequestContext, exc: ServiceError) -> grpc.StatusCode:

@@ -123,6 +123,8 @@ class Context(Protocol):
 
     def set_trailing_metadata(self, trailing_metadata: Any) -> None: ...
 
+    async def write(self, message: Any) -> None: ...
+
 
 class Probe:
     """A servicer whose methods say what happened to them."""
@@ -184,6 +186,16 @@ class Probe:
         if aborting:
             await context.abort(grpc.StatusCode.DATA_LOSS, "after writes", (("x-at", "end"),))
 
+    async def fan_out(self, request: BytesValue, context: Context) -> None:
+        """``value`` is ``count:size``: that many tasks, each writing one message of that size
+        (bytes of its index) at the same time."""
+        count, size = map(int, request.value.split(b":"))
+
+        async def one(i: int) -> None:
+            await context.write(BytesValue(value=bytes((i,)) * size))
+
+        await asyncio.gather(*(one(i) for i in range(count)))
+
     async def collect(self, requests: AsyncIterator[BytesValue], context: Context) -> BytesValue:
         """Reads nothing until ``may_read``; then the total size of what was sent."""
         await self.may_read.wait()
@@ -228,6 +240,11 @@ def register(server: Server, probe: Probe) -> None:
         ),
         "Repeat": grpc.unary_stream_rpc_method_handler(
             probe.repeat,
+            request_deserializer=BytesValue.FromString,
+            response_serializer=BytesValue.SerializeToString,
+        ),
+        "FanOut": grpc.unary_stream_rpc_method_handler(
+            probe.fan_out,
             request_deserializer=BytesValue.FromString,
             response_serializer=BytesValue.SerializeToString,
         ),

@@ -271,12 +271,13 @@ class TestCancellation:
 
     async def test_deadline_ends_a_stream_stuck_on_the_clients_window(self, port: int) -> None:
         """The client grants 1000 bytes of a 5 kB message and no more: the deadline still ends
-        the call (the trailers then follow a partial message, as grpc core's do)."""
+        the call, with RST_STREAM(CANCEL), as trailers after part of a message would be a
+        malformed response (the client's own deadline names the status)."""
         headers = request_headers("Repeat", extra=[(b"grpc-timeout", b"200m")])
         async with h2_client(port, window=1000, is_auto_ack=False) as client:
             response = await client.call("Repeat", message(b"1:5000"), headers=headers)
         assert len(response.data) == 1000
-        assert response.grpc_status == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+        assert (response.trailers, response.reset) == ([], ErrorCodes.CANCEL)
 
     async def test_client_reset_cancels_that_call_and_others_go_on(
         self, port: int, probe: Probe
@@ -326,6 +327,24 @@ class TestSendFlowControl:
         assert max(sizes) == 16_384
         assert len(sizes) >= 4
         assert messages(response.data) == [bytes(i % 251 for i in range(40_000))]
+        assert response.grpc_status == 0
+
+    async def test_concurrent_writers_under_a_small_window_keep_messages_whole(
+        self, port: int
+    ) -> None:
+        """Four tasks write 3 kB messages at once through a 1000-byte window, granted in small
+        steps: each message arrives whole, none cut into another."""
+        async with h2_client(port, window=1000, is_auto_ack=False) as client:
+            stream_id = client.start("FanOut", message(b"4:3000"))
+            for _ in range(40):
+                await client.barrier()
+                if any(isinstance(e, h2.events.StreamEnded) for e in client.events):
+                    break
+                client.conn.increment_flow_control_window(700, stream_id)
+                client.conn.increment_flow_control_window(700)
+                client.flush()
+            response = await client.response(stream_id)
+        assert sorted(messages(response.data)) == [bytes((i,)) * 3000 for i in range(4)]
         assert response.grpc_status == 0
 
     async def test_settings_raising_the_initial_window_resume_a_blocked_response(

@@ -31,6 +31,7 @@ from services.gateway.grpcserver.frames import (
     MESSAGE_PREFIX,
     RESPONSE_HEADERS,
     TRAILERS_OK,
+    ErrorCode,
     decode_metadatum,
     trailers,
 )
@@ -90,6 +91,7 @@ class Call:
         "_metadata",
         "_queue",
         "_raw_metadata",
+        "_sending",
         "_stream",
         "_timer",
         "_trailing",
@@ -121,6 +123,7 @@ class Call:
         self._deferred = 0
         self._ended = False
         self._waiter: asyncio.Future[None] | None = None
+        self._sending: asyncio.Future[None] | None = None
         self._code: grpc.StatusCode | None = None
         self._details = ""
         self._trailing: Metadata = ()
@@ -318,7 +321,9 @@ class Call:
         self._finished = True
         self._cancel_timer()
         stream = self._stream
-        if stream.is_open:
+        if stream.is_mid_message:  # trailers now would end inside a message
+            stream.reset(ErrorCode.CANCEL)
+        elif stream.is_open:
             only = not stream.headers_sent
             block = trailers(code.value[0], details, metadata, trailers_only=only)
             stream.send_headers(block, end_stream=True)
@@ -331,12 +336,23 @@ class Call:
     # --- the servicer's context (grpc.aio.ServicerContext) -------------------------------------
 
     async def write(self, message: Any) -> None:
-        """One response of a streaming method."""
+        """One response of a streaming method. Unlike ``grpc.aio``, tasks of the method may
+        write concurrently: messages go out whole, one after another."""
         data = self._serialize(message)
+        while self._sending is not None:  # another message is waiting for window
+            await asyncio.shield(self._sending)
         if self._finished:
             raise StreamReset("the call is over")
         stream = self._stream
-        await stream.send_data(data, headers=None if stream.headers_sent else RESPONSE_HEADERS)
+        headers = None if stream.headers_sent else RESPONSE_HEADERS
+        if stream.send_now(data, headers=headers):
+            return
+        sending = self._sending = asyncio.get_running_loop().create_future()
+        try:
+            await stream.send_data(data, headers=headers)
+        finally:
+            self._sending = None
+            sending.set_result(None)
 
     async def read(self) -> Any:
         """The next request of a streaming method, or ``grpc.aio.EOF``."""

@@ -101,6 +101,7 @@ class Stream:
         "held",
         "id",
         "is_local_closed",
+        "is_mid_message",
         "is_remote_closed",
         "is_reset",
         "recv_window",
@@ -121,6 +122,7 @@ class Stream:
         self.is_local_closed = False
         self.is_reset = False
         self.headers_sent = False
+        self.is_mid_message = False
         self.handler: StreamHandler | None = None
         self._waiter: asyncio.Future[None] | None = None
 
@@ -139,39 +141,53 @@ class Stream:
         self.headers_sent = True
         self._conn.write_headers(self, block, end_stream)
 
+    def send_now(
+        self, data: bytes, *, headers: bytes | None = None, trailers: bytes | None = None
+    ) -> bool:
+        """``send_data`` when it needs no wait: DATA within the peer's windows in one frame,
+        after ``headers`` and before ``trailers`` (which end the stream) when given, in one
+        write. ``False`` (nothing sent) when it would have to wait or split."""
+        conn = self._conn
+        n = len(data)
+        if (
+            n > self.send_window
+            or n > conn.send_window
+            or n > conn.peer_max_frame
+            or n >= 65_536
+            or conn.is_paused
+            or not self.is_open
+        ):
+            return False
+        self.send_window -= n
+        conn.send_window -= n
+        out = frame_header(FrameType.DATA, 0, self.id, n) + data
+        if headers is not None:
+            self.headers_sent = True
+            out = conn.headers_bytes(self.id, headers, False) + out
+        if trailers is not None:
+            out += conn.headers_bytes(self.id, trailers, True)
+        conn.write(out)
+        if trailers is not None:
+            conn.closed_locally(self)
+        return True
+
     async def send_data(
         self, data: bytes, *, headers: bytes | None = None, trailers: bytes | None = None
     ) -> None:
         """DATA within the peer's windows, after ``headers`` and before ``trailers`` (which end
         the stream) when given; one write when the windows allow. Waits for the windows and for
-        the transport when needed; raises ``StreamReset`` when the stream goes meanwhile."""
+        the transport when needed; raises ``StreamReset`` when the stream goes meanwhile.
+        ``is_mid_message`` is true while only part of ``data`` is out."""
+        if self.send_now(data, headers=headers, trailers=trailers):
+            return
         if not self.is_open:
             raise StreamReset(f"stream {self.id} is closed")
         conn = self._conn
         if headers is not None:
             self.headers_sent = True
-        n = len(data)
-        if (
-            n <= self.send_window
-            and n <= conn.send_window
-            and n <= conn.peer_max_frame
-            and n < 65_536
-            and not conn.is_paused
-        ):
-            self.send_window -= n
-            conn.send_window -= n
-            out = frame_header(FrameType.DATA, 0, self.id, n) + data
-            if headers is not None:
-                out = conn.headers_bytes(self.id, headers, False) + out
-            if trailers is not None:
-                out += conn.headers_bytes(self.id, trailers, True)
-            conn.write(out)
-            if trailers is not None:
-                conn.closed_locally(self)
-            return
-        if headers is not None:
             conn.write_headers(self, headers, False)
         view = memoryview(data)
+        self.is_mid_message = True
         while view:
             await conn.wait_writable()
             while (allowed := min(self.send_window, conn.send_window)) <= 0:
@@ -183,6 +199,7 @@ class Stream:
             self.send_window -= len(chunk)
             conn.send_window -= len(chunk)
             conn.write(frame_header(FrameType.DATA, 0, self.id, len(chunk)), bytes(chunk))
+        self.is_mid_message = False
         if trailers is not None:
             conn.write_headers(self, trailers, True)
 

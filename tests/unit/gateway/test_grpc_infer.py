@@ -99,7 +99,7 @@ async def test_a_stream_sends_deltas_as_they_come_and_queued_ones_together() -> 
     sent: list[Response] = []
     first_sent = asyncio.Event()
 
-    def emit(response: Response) -> None:
+    async def emit(response: Response) -> None:
         sent.append(response)
         first_sent.set()
 
@@ -120,7 +120,11 @@ async def test_a_stream_request_with_streaming_off_gets_one_response() -> None:
     bus = FakeBus()
     bus.script = [chunk(b"Hello", done=True, finish="stop")]
     sent: list[Response] = []
-    last = await inference(bus).run(llm(streaming=False), context(), make, sent.append)
+
+    async def emit(response: Response) -> None:
+        sent.append(response)
+
+    last = await inference(bus).run(llm(streaming=False), context(), make, emit)
     assert (sent, text(last)["text_output"]) == ([], b"Hello")
     assert not bus.submitted[0].output.stream
 
