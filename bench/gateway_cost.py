@@ -28,8 +28,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from bench.grpcclient import CLIENTS
-from bench.httpclient import Connection, Record
-from bench.serving import cpu_s, prompts
+from bench.httpclient import Record
+from bench.serving import cpu_s, prompts, run_completions, run_grpc
 from services.cli.stack import free_port, wait_for_port
 from shared import codec
 from shared.messages import ModelCard, Preprocess, ResponseChunk, WorkerCard
@@ -86,32 +86,12 @@ async def downstream(nats_url: str, chunks: int, gap_s: float) -> None:
 
 
 async def run(protocol: str, target: str, concurrency: int, n: int, tokens: int) -> list[Record]:
+    """``n`` requests from ``concurrency`` clients, with ``bench.serving``'s runners."""
     texts = prompts(n, 16)
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    for text in texts:
-        queue.put_nowait(text)
-    records: list[Record] = []
-
-    async def http_worker() -> None:
-        host, port = target.rsplit(":", 1)
-        conn = Connection(host, int(port))
-        try:
-            while not queue.empty():
-                body = {"model": MODEL, "prompt": queue.get_nowait(), "stream": True}
-                records.append(await conn.post_stream("/v1/completions", {**body}))
-        finally:
-            await conn.close()
-
-    async def grpc_worker() -> None:
-        client = CLIENTS[protocol](target)
-        try:
-            while not queue.empty():
-                records.append(await client.infer(MODEL, queue.get_nowait(), tokens))
-        finally:
-            await client.close()
-
-    worker = http_worker if protocol == "http" else grpc_worker
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    if protocol == "http":
+        records, _ = await run_completions(f"http://{target}", MODEL, texts, concurrency, tokens)
+    else:
+        records, _ = await run_grpc(target, MODEL, texts, concurrency, tokens, protocol)
     return records
 
 

@@ -155,7 +155,7 @@ async def run_chats(
     url: str, model: str, chats: list[list[dict[str, str]]], concurrency: int, max_tokens: int
 ) -> tuple[list[Record], float]:
     """Send every chat (streaming, ``ignore_eos``) from ``concurrency`` kept-alive connections."""
-    bodies = [{"model": model, "messages": chat} for chat in chats]
+    bodies: list[dict[str, object]] = [{"model": model, "messages": chat} for chat in chats]
     return await _run_http(url, "/v1/chat/completions", bodies, concurrency, max_tokens)
 
 
@@ -163,7 +163,7 @@ async def run_completions(
     url: str, model: str, texts: list[str], concurrency: int, max_tokens: int
 ) -> tuple[list[Record], float]:
     """Send every prompt to ``/v1/completions`` (streaming, ``ignore_eos``), as ``run_chats``."""
-    bodies = [{"model": model, "prompt": text} for text in texts]
+    bodies: list[dict[str, object]] = [{"model": model, "prompt": text} for text in texts]
     return await _run_http(url, "/v1/completions", bodies, concurrency, max_tokens)
 
 

@@ -4,7 +4,9 @@ Dynamo 1.6.1's frontend CLI has no flag for it; the KServe gRPC path ignores req
 `parameters` and takes max_tokens/temperature/model only from this template.
 Usage: DYN_REQUEST_TEMPLATE=/path/template.json python frontend_with_template.py <frontend args>
 """
+
 import os
+
 import dynamo.frontend.main as m
 
 _orig = m.EntrypointArgs

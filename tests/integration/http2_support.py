@@ -209,12 +209,20 @@ class Probe:
             yield BytesValue(value=request.value.upper())
 
 
-def _unary(fn: Callable[..., Awaitable[BytesValue]]) -> grpc.RpcMethodHandler[Any, Any]:
-    return grpc.unary_unary_rpc_method_handler(
+def _bytes_values(kind: Callable[..., Any], fn: Callable[..., Any]) -> Any:
+    """A method handler of ``kind`` for ``fn``, with ``BytesValue`` requests and responses."""
+    return kind(
         fn,
         request_deserializer=BytesValue.FromString,
         response_serializer=BytesValue.SerializeToString,
     )
+
+
+def _unary(fn: Callable[..., Awaitable[BytesValue]]) -> grpc.RpcMethodHandler[Any, Any]:
+    handler: grpc.RpcMethodHandler[Any, Any] = _bytes_values(
+        grpc.unary_unary_rpc_method_handler, fn
+    )
+    return handler
 
 
 def register(server: Server, probe: Probe) -> None:
@@ -233,26 +241,10 @@ def register(server: Server, probe: Probe) -> None:
         },
     )
     streaming = {
-        "Collect": grpc.stream_unary_rpc_method_handler(
-            probe.collect,
-            request_deserializer=BytesValue.FromString,
-            response_serializer=BytesValue.SerializeToString,
-        ),
-        "Repeat": grpc.unary_stream_rpc_method_handler(
-            probe.repeat,
-            request_deserializer=BytesValue.FromString,
-            response_serializer=BytesValue.SerializeToString,
-        ),
-        "FanOut": grpc.unary_stream_rpc_method_handler(
-            probe.fan_out,
-            request_deserializer=BytesValue.FromString,
-            response_serializer=BytesValue.SerializeToString,
-        ),
-        "Chat": grpc.stream_stream_rpc_method_handler(
-            probe.chat,
-            request_deserializer=BytesValue.FromString,
-            response_serializer=BytesValue.SerializeToString,
-        ),
+        "Collect": _bytes_values(grpc.stream_unary_rpc_method_handler, probe.collect),
+        "Repeat": _bytes_values(grpc.unary_stream_rpc_method_handler, probe.repeat),
+        "FanOut": _bytes_values(grpc.unary_stream_rpc_method_handler, probe.fan_out),
+        "Chat": _bytes_values(grpc.stream_stream_rpc_method_handler, probe.chat),
     }
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, streaming)])
 
