@@ -99,11 +99,9 @@ class _Client:
         raise NotImplementedError
 
     async def infer(self, model: str, prompt: str, max_tokens: int) -> Record:
-        """One streamed request (``ignore_eos``); its TTFT, gaps and token count.
-
-        KServe responses carry no token counts, so a ``length`` finish counts as
-        ``max_tokens`` tokens (every benchmark request ignores EOS).
-        """
+        """One streamed request (``ignore_eos``); its TTFT, gaps and token counts (from the
+        last response's ``parameters``; a server that sends none — Dynamo — gets ``max_tokens``
+        for a ``length`` finish)."""
         self._sent += 1
         request = text_request(model, prompt, request_id=str(self._sent), max_tokens=max_tokens)
         rec = Record()
@@ -128,7 +126,12 @@ class _Client:
                         rec.gaps_s.append(now - last)
                     last = now
                 if finish is not None:
-                    rec.completion_tokens = max_tokens if finish == "length" else 0
+                    counts = message.infer_response.parameters
+                    if "completion_tokens" in counts:
+                        rec.completion_tokens = counts["completion_tokens"].int64_param
+                        rec.prompt_tokens = counts["prompt_tokens"].int64_param
+                    else:  # Dynamo reports none: every benchmark request ignores EOS
+                        rec.completion_tokens = max_tokens if finish == "length" else 0
                     break
         except (grpc.RpcError, GRPCError, StreamTerminatedError, OSError) as exc:
             rec.error = f"{type(exc).__name__}: {exc}"

@@ -13,7 +13,7 @@ import msgspec
 
 Api = Literal["chat", "completion"]
 FinishReason = Literal["stop", "length", "cancelled", "error"]
-OutputFormat = Literal["openai", "text"]
+OutputFormat = Literal["openai", "text", "kserve"]
 ModelKind = Literal["llm", "tensor"]
 
 
@@ -39,6 +39,15 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     """Token ids that end generation, the model's EOS ids included unless ``ignore_eos``."""
 
 
+class KServeOutput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """For ``format="kserve"``: what the stream responses carry besides the text."""
+
+    id: str = ""
+    """The client's ``ModelInferRequest.id``, echoed in every response."""
+    outputs: tuple[str, ...] = ()
+    """The outputs the client asked for (empty = all)."""
+
+
 class OutputOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What the formatter needs to shape the client's response."""
 
@@ -55,7 +64,11 @@ class OutputOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     """``nvext.extra_fields``: e.g. ``("worker_id",)`` adds ``nvext.worker_id`` to the response."""
     format: OutputFormat = "openai"
     """``openai``: SSE frames or a JSON body. ``text``: plain UTF-8 text deltas, the finish
-    reason and token counts on the last chunk (the gRPC front end)."""
+    reason and token counts on the last chunk (gRPC ``ModelInfer``). ``kserve``: gRPC-framed
+    ``ModelStreamInferResponse`` messages, ready for the wire (gRPC ``ModelStreamInfer``;
+    ``shared.kserve_wire``)."""
+    kserve: KServeOutput | None = None
+    """With ``format="kserve"``."""
 
 
 class RoutingHints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -166,7 +179,7 @@ class ResponseChunk(Message, frozen=True):
     completion_tokens: int = 0
     """On the ``done`` chunk: the tokens generated."""
     finish_reason: str | None = None
-    """On the ``done`` chunk of a ``text`` format request: why generation ended."""
+    """On the ``done`` chunk: why generation ended."""
 
 
 class Cancel(Message, frozen=True):

@@ -1,9 +1,11 @@
-"""Response shapes as bytes: OpenAI (chat and completions, streaming and not), or plain text.
+"""Response shapes as bytes: OpenAI (chat and completions, streaming and not), plain text, or
+KServe gRPC messages.
 
 Objects are msgspec Structs serialized with ``msgspec.json``; field order follows OpenAI's. The
 per-token content frame is a precomputed head + the JSON-escaped text + tail, cut from a real
 encoded chunk, so it is byte-identical to the Struct path at a fraction of the cost. The
-``text`` format (``OutputOptions.format``, for the gRPC front end) is the UTF-8 text alone.
+``text`` format (``OutputOptions.format``, for gRPC ``ModelInfer``) is the UTF-8 text alone;
+``kserve`` (for ``ModelStreamInfer``) is gRPC-framed stream responses (``shared.kserve_wire``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from shared import sse
-from shared.messages import StreamOpen
+from shared.kserve_wire import TextResponses, usage_parameters
+from shared.messages import KServeOutput, StreamOpen
 
 _MARK = "\x00"
 _MARK_JSON = b'"\\u0000"'
@@ -308,8 +311,46 @@ class TextChunks:
         return (self._echo + text).encode()
 
 
+class KServeChunks:
+    """gRPC-framed KServe ``ModelStreamInferResponse`` messages for one request
+    (``format="kserve"``, ``shared.kserve_wire``): a ``text_output`` delta per batch with text,
+    then the last response with ``finish_reason`` and the token counts as ``parameters``.
+    ``body`` (not streaming) is that last response with the whole text."""
+
+    __slots__ = ("_echo", "_responses")
+
+    def __init__(self, open_: StreamOpen) -> None:
+        kserve = open_.output.kserve or KServeOutput()
+        self._responses = TextResponses(open_.model, kserve.id, kserve.outputs)
+        self._echo = open_.prompt_text if open_.output.echo else ""
+
+    def first(self, text: str, usage: Usage | None = None) -> bytes:
+        text = self._echo + text
+        return self._responses.delta(text.encode()) if text else b""
+
+    def delta(self, text: str, usage: Usage | None = None) -> bytes:
+        return self._responses.delta(text.encode())
+
+    def end(self, finish_reason: str, usage: Usage, nvext: Nvext | None = None) -> bytes:
+        return self._responses.last(finish_reason, _counts(usage))
+
+    def body(
+        self, text: str, finish_reason: str, usage: Usage, nvext: Nvext | None = None
+    ) -> bytes:
+        return self._responses.last(
+            finish_reason, _counts(usage), text=(self._echo + text).encode()
+        )
+
+
+def _counts(usage: Usage) -> dict[str, int]:
+    cached = usage.prompt_tokens_details.cached_tokens
+    return usage_parameters(usage.prompt_tokens, usage.completion_tokens, cached)
+
+
 def shaper_for(open_: StreamOpen) -> Shaper:
     """The shaper for the request's output format, then its API (chat or completions)."""
     if open_.output.format == "text":
         return TextChunks(open_)
+    if open_.output.format == "kserve":
+        return KServeChunks(open_)
     return ChatChunks(open_) if open_.api == "chat" else CompletionChunks(open_)

@@ -51,7 +51,7 @@ class RequestFormatter:
         """Non-streaming: the text so far."""
         self._started = False
         # Text output carries no usage per chunk: never compute it per batch.
-        self._continuous = out.include_usage and out.continuous_usage and out.format != "text"
+        self._continuous = out.include_usage and out.continuous_usage and out.format == "openai"
         self._echo_worker = "worker_id" in out.extra_fields
         self.worker_id = ""
         """The worker that produced the tokens (``TokenBatch.worker_id``)."""

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol
 
 import structlog
 
@@ -30,6 +29,7 @@ from services.gateway.kserve import (
 )
 from services.gateway.kserve_models import (
     ModelView,
+    TextRequest,
     check_inputs,
     check_version,
     requested_outputs,
@@ -46,14 +46,20 @@ from shared.errors import (
     ShuttingDown,
 )
 from shared.kserve import grpc_service_pb2 as pb
-from shared.messages import ResponseChunk, TensorInfer, TensorResult
+from shared.kserve_wire import usage_parameters
+from shared.messages import KServeOutput, TensorInfer, TensorResult
 
 log = structlog.get_logger(__name__)
 
-T = TypeVar("T")
-Make = Callable[[], tuple[T, pb.ModelInferResponse]]
-"""A new message to send and the ``ModelInferResponse`` inside it to fill (no copies)."""
 NO_WORKER_RETRY_AFTER_S = 1.0
+
+
+class Writer(Protocol):
+    """The stream a ``ModelStreamInfer`` request answers on (``grpcserver.calls.Call``)."""
+
+    async def write(self, message: pb.ModelStreamInferResponse) -> None: ...
+
+    async def write_framed(self, data: bytes) -> None: ...
 
 
 class Inference:
@@ -86,58 +92,87 @@ class Inference:
         return view
 
     async def run(
-        self,
-        request: pb.ModelInferRequest,
-        ctx: RequestContext,
-        make: Make[T],
-        emit: Callable[[T], Awaitable[None]] | None = None,
-        deadline: float | None = None,
-    ) -> T:
-        """The request's final response; with ``emit`` (a stream) partial ones go there first.
-
-        ``deadline`` is the client's, on the ``time.monotonic()`` clock.
-        """
+        self, request: pb.ModelInferRequest, ctx: RequestContext, deadline: float | None = None
+    ) -> pb.ModelInferResponse:
+        """A ``ModelInfer`` call's response. ``deadline`` is the client's (``time.monotonic()``)."""
         ctx.model = request.model_name
         view = await self.view(request.model_name, request.model_version)
         if view.kind == "tensor":
-            return await self._tensor(
-                request, ctx, view, make, deadline, on_stream=emit is not None
-            )
-        return await self._text(request, ctx, make, emit, deadline)
-
-    # --- LLM ---------------------------------------------------------------------------------
-
-    async def _text(
-        self,
-        request: pb.ModelInferRequest,
-        ctx: RequestContext,
-        make: Make[T],
-        emit: Callable[[T], Awaitable[None]] | None,
-        deadline: float | None,
-    ) -> T:
+            return await self._tensor(request, ctx, view, deadline)
         parsed = text_request(request)
-        if parsed.streaming and emit is None:
+        if parsed.streaming:
             raise InvalidRequest(
                 "`streaming` needs ModelStreamInfer; ModelInfer answers once.", param="streaming"
             )
-        is_streamed = emit is not None and parsed.streaming is not False
+        return await self._whole_text(request, ctx, parsed, deadline, final=None)
+
+    async def stream(
+        self,
+        request: pb.ModelInferRequest,
+        ctx: RequestContext,
+        writer: Writer,
+        deadline: float | None = None,
+    ) -> None:
+        """Answer one request of a ``ModelStreamInfer`` stream on ``writer``: an LLM's text as
+        the formatter framed it (``kserve`` format), or one response (a tensor model, or
+        ``streaming`` false)."""
+        ctx.model = request.model_name
+        view = await self.view(request.model_name, request.model_version)
+        if view.kind == "tensor":
+            response = await self._tensor(request, ctx, view, deadline)
+            mark_final(response, True)
+        else:
+            parsed = text_request(request)
+            if parsed.streaming is not False:
+                await self._streamed_text(request, ctx, parsed, writer, deadline)
+                return
+            response = await self._whole_text(request, ctx, parsed, deadline, final=True)
+        out = pb.ModelStreamInferResponse()
+        out.infer_response.CopyFrom(response)
+        await writer.write(out)
+
+    # --- LLM ---------------------------------------------------------------------------------
+
+    async def _submit(
+        self,
+        request: pb.ModelInferRequest,
+        ctx: RequestContext,
+        parsed: TextRequest,
+        deadline: float | None,
+        *,
+        stream: bool,
+    ) -> tuple[Reply, float]:
+        """Send the request down the pipeline: the reply and the first response's time limit."""
         model = request.model_name
         completion = completion_from(
-            {**parsed.fields, "model": model, "prompt": parsed.prompt, "stream": is_streamed}
+            {**parsed.fields, "model": model, "prompt": parsed.prompt, "stream": stream}
         )
         self._check_open()
         await self._bus.check_model(model)
         first_timeout_s = _wait_s(self._first_timeout_s, deadline)
         now = time.time()
+        kserve = KServeOutput(id=request.id, outputs=tuple(parsed.outputs)) if stream else None
         preprocess = completion_to_preprocess(
             completion,
             request_id=ctx.request_id,
             reply_to=self._bus.reply_subject(ctx.request_id),
             created=int(now),
             deadline_ms=int((now + first_timeout_s) * 1000),
-            output_format="text",
+            output_format="kserve" if stream else "text",
+            kserve=kserve,
         )
-        reply = await self._bus.submit(preprocess)
+        return await self._bus.submit(preprocess), first_timeout_s
+
+    async def _streamed_text(
+        self,
+        request: pb.ModelInferRequest,
+        ctx: RequestContext,
+        parsed: TextRequest,
+        writer: Writer,
+        deadline: float | None,
+    ) -> None:
+        """Relay the formatter's framed responses; those already queued go out in one write."""
+        reply, first_timeout_s = await self._submit(request, ctx, parsed, deadline, stream=True)
         try:
             chunk = await reply.next(first_timeout_s)
             ctx.mark_first_response()
@@ -147,60 +182,57 @@ class Inference:
                     parts.append(chunk.data)
                 if chunk.done:
                     break
-                if emit is not None and is_streamed and parts and not reply.ready:
-                    # Deltas already queued go out as one response (fewer writes, same text).
-                    out, response = make()
-                    fill_text(
-                        response,
-                        model=model,
-                        request_id=request.id,
-                        text=_joined(parts),
-                        final=False,
-                        wanted=parsed.outputs,
-                    )
+                if parts and not reply.ready:
+                    data = _joined(parts)
                     parts.clear()
-                    await emit(out)
+                    await writer.write_framed(data)
                 chunk = await reply.next(_wait_s(self._idle_timeout_s, deadline))
             reply.close()
         except BaseException as exc:
             _abandon(reply, exc, deadline)
             raise
-        return self._last(
-            ctx,
-            chunk,
-            parts,
-            request,
-            parsed.outputs,
-            is_streamed,
-            make,
-            on_stream=emit is not None,
-        )
-
-    def _last(
-        self,
-        ctx: RequestContext,
-        chunk: ResponseChunk,
-        parts: list[bytes],
-        request: pb.ModelInferRequest,
-        wanted: frozenset[str],
-        is_streamed: bool,
-        make: Make[T],
-        *,
-        on_stream: bool,
-    ) -> T:
         ctx.prompt_tokens, ctx.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
-        out, response = make()
+        if parts:
+            await writer.write_framed(_joined(parts))
+
+    async def _whole_text(
+        self,
+        request: pb.ModelInferRequest,
+        ctx: RequestContext,
+        parsed: TextRequest,
+        deadline: float | None,
+        *,
+        final: bool | None,
+    ) -> pb.ModelInferResponse:
+        """The whole text in one response (``text`` format, not streamed)."""
+        reply, first_timeout_s = await self._submit(request, ctx, parsed, deadline, stream=False)
+        try:
+            chunk = await reply.next(first_timeout_s)
+            ctx.mark_first_response()
+            parts: list[bytes] = []
+            while True:
+                if chunk.data:
+                    parts.append(chunk.data)
+                if chunk.done:
+                    break
+                chunk = await reply.next(_wait_s(self._idle_timeout_s, deadline))
+            reply.close()
+        except BaseException as exc:
+            _abandon(reply, exc, deadline)
+            raise
+        ctx.prompt_tokens, ctx.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
+        response = pb.ModelInferResponse()
         fill_text(
             response,
             model=request.model_name,
             request_id=request.id,
-            # A stream's last response has text only if some is left; ModelInfer's always has.
-            text=_joined(parts) if parts or not is_streamed else None,
+            text=_joined(parts),
             finish_reason=chunk.finish_reason,
-            final=True if on_stream else None,
-            wanted=wanted,
+            final=final,
+            wanted=parsed.outputs,
+            parameters=usage_parameters(chunk.prompt_tokens, chunk.completion_tokens),
         )
-        return out
+        return response
 
     # --- tensor models ---------------------------------------------------------------------------
 
@@ -209,11 +241,8 @@ class Inference:
         request: pb.ModelInferRequest,
         ctx: RequestContext,
         view: ModelView,
-        make: Make[T],
         deadline: float | None,
-        *,
-        on_stream: bool,
-    ) -> T:
+    ) -> pb.ModelInferResponse:
         inputs = request_tensors(request)
         check_inputs(inputs, view.spec)
         wanted = requested_outputs(request, view.spec)
@@ -237,7 +266,7 @@ class Inference:
         )
         result = await self._tensor_result(infer, workers, deadline)
         ctx.mark_first_response()
-        out, response = make()
+        response = pb.ModelInferResponse()
         fill_tensors(
             response,
             model=model,
@@ -246,9 +275,7 @@ class Inference:
             model_version=result.model_version,
             parameters=result.parameters,
         )
-        if on_stream:  # one response per request, and it is the last
-            mark_final(response, True)
-        return out
+        return response
 
     async def _tensor_result(
         self, infer: TensorInfer, workers: list[str], deadline: float | None

@@ -48,16 +48,6 @@ _INTERNAL = "Internal server error."
 Context = Call
 
 
-def _unary() -> tuple[pb.ModelInferResponse, pb.ModelInferResponse]:
-    response = pb.ModelInferResponse()
-    return response, response
-
-
-def _streamed() -> tuple[pb.ModelStreamInferResponse, pb.ModelInferResponse]:
-    out = pb.ModelStreamInferResponse()
-    return out, out.infer_response
-
-
 class InferenceServicer:
     """The eight RPCs of ``inference.GRPCInferenceService``; anything else is UNIMPLEMENTED."""
 
@@ -156,7 +146,7 @@ class InferenceServicer:
             trailers: tuple[tuple[str, str], ...] = (("x-request-id", ctx.request_id),)
             context.set_trailing_metadata(trailers)
             try:
-                return await self._inference.run(request, ctx, _unary, None, deadline)
+                return await self._inference.run(request, ctx, deadline)
             except ServiceError as exc:
                 code = _failed(ctx, exc)
                 if exc.retry_after_s is not None:
@@ -194,18 +184,19 @@ class InferenceServicer:
     ) -> None:
         with grpc_context("ModelStreamInfer", self._metrics) as ctx:
             try:
-                last = await self._inference.run(request, ctx, _streamed, context.write, deadline)
+                await self._inference.stream(request, ctx, context, deadline)
+                return
             except StreamReset:  # the call is over (the client went): nobody to answer
                 ctx.grpc_status = grpc.StatusCode.CANCELLED.name
                 return
             except ServiceError as exc:
                 _failed(ctx, exc)
-                last = stream_error(exc.message, model=request.model_name, request_id=request.id)
+                failed = stream_error(exc.message, model=request.model_name, request_id=request.id)
             except Exception:  # noqa: BLE001 - a bug: one traceback, the stream goes on
                 _crashed(ctx)
-                last = stream_error(_INTERNAL, model=request.model_name, request_id=request.id)
+                failed = stream_error(_INTERNAL, model=request.model_name, request_id=request.id)
             with contextlib.suppress(StreamReset):
-                await context.write(last)
+                await context.write(failed)
 
 
 def _failed(ctx: RequestContext, exc: ServiceError) -> grpc.StatusCode:

@@ -255,11 +255,13 @@ def fill_text(
     finish_reason: str | None = None,
     final: bool | None = None,
     wanted: frozenset[str] = frozenset(),
+    parameters: Mapping[str, int] | None = None,
 ) -> None:
     """One text response: ``text_output`` (when given) and ``finish_reason`` (when given), of
     the ``wanted`` outputs (empty = both). On a stream every response carries the parameter
     ``triton_final_response`` (``final``: false, then true on the request's last), as Triton's
-    stream handler does; ``None`` (``ModelInfer``) leaves it out."""
+    stream handler does; ``None`` (``ModelInfer``) leaves it out. ``parameters``: the token
+    counts (``shared.kserve_wire.usage_parameters``), as the formatter's stream responses."""
     response.model_name = model
     response.model_version = "1"
     if request_id:
@@ -273,6 +275,8 @@ def fill_text(
         response.raw_output_contents.append(_LENGTH.pack(len(reason)) + reason)
     if final is not None:
         mark_final(response, final)
+    for key, value in (parameters or {}).items():
+        response.parameters[key].int64_param = value
 
 
 def mark_final(response: pb.ModelInferResponse, final: bool) -> None:

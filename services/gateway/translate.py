@@ -20,6 +20,7 @@ from services.gateway.openai_types import (
 )
 from shared.errors import InvalidRequest
 from shared.messages import (
+    KServeOutput,
     OutputFormat,
     OutputOptions,
     Preprocess,
@@ -140,8 +141,10 @@ def completion_to_preprocess(
     deadline_ms: int = 0,
     headers: RoutingHeaders = NO_HEADERS,
     output_format: OutputFormat = "openai",
+    kserve: KServeOutput | None = None,
 ) -> Preprocess:
-    """The bus form of a validated completion request (``text`` output for gRPC)."""
+    """The bus form of a validated completion request (``text`` or ``kserve`` output for
+    gRPC)."""
     routing, worker_id = _routing(request, headers)
     prompt, token_ids = _prompt(request.prompt)
     return Preprocess(
@@ -154,7 +157,9 @@ def completion_to_preprocess(
         prompt_token_ids=token_ids,
         max_tokens=request.max_tokens,
         sampling=_sampling(request, request.max_tokens),
-        output=_output(request, echo=_flag(request.echo, default=False), fmt=output_format),
+        output=_output(
+            request, echo=_flag(request.echo, default=False), fmt=output_format, kserve=kserve
+        ),
         deadline_ms=deadline_ms,
         routing=routing,
         worker_id=worker_id,
@@ -284,6 +289,7 @@ def _output(
     *,
     echo: bool,
     fmt: OutputFormat = "openai",
+    kserve: KServeOutput | None = None,
 ) -> OutputOptions:
     stream = _flag(request.stream, default=False)
     options = request.stream_options
@@ -298,6 +304,7 @@ def _output(
         echo=echo,
         extra_fields=_extra_fields(request),
         format=fmt,
+        kserve=kserve,
     )
 
 

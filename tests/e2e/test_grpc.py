@@ -319,8 +319,8 @@ def test_model_infer_matches_the_same_completion_over_http(target: Target) -> No
     text, finish, completion_tokens = _completion(target, prompt, UNARY_PARAMS)
     assert got == (text, finish), f"gRPC {got} != HTTP {(text, finish)}"
     assert (finish, completion_tokens) == ("length", UNARY_PARAMS["max_tokens"])
-    if "completion_tokens" in reported:  # the server may report the count itself
-        assert reported["completion_tokens"].int64_param == completion_tokens, reported
+    assert reported["completion_tokens"].int64_param == completion_tokens, reported
+    assert reported["prompt_tokens"].int64_param > 0, reported
 
 
 @client_test
@@ -350,10 +350,12 @@ def _stream_params(i: int) -> dict[str, Any]:
 
 @client_test
 def test_sixteen_concurrent_requests_on_one_stream_match_http(target: Target) -> None:
-    """Deltas collected by request id add up to HTTP's text; the final one has its finish."""
+    """Deltas collected by request id add up to HTTP's text; the final one has its finish and
+    token count."""
     prompts = {f"req-{i}": f"Question {i}: what lies beyond the hills?" for i in range(16)}
     texts: dict[str, list[str]] = {rid: [] for rid in prompts}
     finishes: dict[str, str] = {}
+    counts: dict[str, int] = {}
     final_flags: list[bool] = []
     partial_flags: list[bool] = []
     errors: list[str] = []
@@ -373,6 +375,7 @@ def test_sixteen_concurrent_requests_on_one_stream_match_http(target: Target) ->
         else:
             final_flags.append(flag is not None and flag.bool_param)
             finishes[response.id] = finish
+            counts[response.id] = response.parameters["completion_tokens"].int64_param
             if len(finishes) == len(prompts):
                 all_final.set()
 
@@ -389,13 +392,13 @@ def test_sixteen_concurrent_requests_on_one_stream_match_http(target: Target) ->
     assert final_flags == [True] * len(prompts)  # Triton's flag on every last response
     assert partial_flags
     assert all(partial_flags)  # … and false on every other one
-    got = {rid: ("".join(texts[rid]), finishes[rid]) for rid in prompts}
+    got = {rid: ("".join(texts[rid]), finishes[rid], counts[rid]) for rid in prompts}
     want = {
-        rid: _completion(target, prompt, _stream_params(i))[:2]
+        rid: _completion(target, prompt, _stream_params(i))
         for i, (rid, prompt) in enumerate(prompts.items())
     }
     assert got == want, {rid: (got[rid], want[rid]) for rid in prompts if got[rid] != want[rid]}
-    assert {finish for _, finish in got.values()} == {"length", "stop"}
+    assert {finish for _, finish, _ in got.values()} == {"length", "stop"}
 
 
 @client_test

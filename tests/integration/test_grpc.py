@@ -49,6 +49,7 @@ from shared.bus import connect
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve import grpc_service_pb2_grpc as pb_grpc
 from shared.kserve import model_config_pb2 as mc
+from shared.kserve_wire import TextResponses, usage_parameters
 from shared.messages import (
     Cancel,
     ModelCard,
@@ -124,8 +125,17 @@ def outputs_of(response: pb.ModelInferResponse) -> dict[str, bytes]:
 # --- fakes ---------------------------------------------------------------------------------------
 
 
+def framing(request: Preprocess) -> TextResponses:
+    """What the formatter frames a streamed request's responses with (``kserve`` format)."""
+    assert request.output.format == "kserve"
+    assert request.output.kserve is not None
+    kserve = request.output.kserve
+    return TextResponses(request.model, kserve.id, kserve.outputs)
+
+
 async def hello_world(request: Preprocess, send: Send) -> None:
-    """What the formatter sends in the ``text`` format: deltas, then a done chunk."""
+    """What the formatter sends: streamed, ``kserve``-framed responses (the text, then the
+    finish with the token counts); not streamed, the whole text (``text`` format)."""
     rid = request.request_id
     if not request.output.stream:
         done = ResponseChunk(
@@ -138,13 +148,14 @@ async def hello_world(request: Preprocess, send: Send) -> None:
         )
         await send(done)
         return
-    await send(ResponseChunk(request_id=rid, data=b"Hello"))
+    responses = framing(request)
+    await send(ResponseChunk(request_id=rid, data=responses.delta(b"Hello")))
     await asyncio.sleep(0.02)
-    await send(ResponseChunk(request_id=rid, data=b" world"))
+    await send(ResponseChunk(request_id=rid, data=responses.delta(b" world")))
     await asyncio.sleep(0.02)
     done = ResponseChunk(
-        request_id=rid, data=b"", done=True, prompt_tokens=3, completion_tokens=2,
-        finish_reason="length",
+        request_id=rid, data=responses.last("length", usage_parameters(3, 2)), done=True,
+        prompt_tokens=3, completion_tokens=2, finish_reason="length",
     )  # fmt: skip
     await send(done)
 
@@ -610,7 +621,9 @@ async def test_stream_answers_concurrent_requests_tagged_by_id(
         assert all("finish_reason" not in outputs_of(a) for a in answers[:-1])
     assert responses[-1].infer_response.id == "first"
     seen = [await ready.next_request() for _ in range(3)]
-    assert all(s.output.stream and s.output.format == "text" for s in seen)
+    assert all(s.output.stream and s.output.format == "kserve" for s in seen)
+    counts = answers[-1].parameters
+    assert (counts["prompt_tokens"].int64_param, counts["completion_tokens"].int64_param) == (3, 2)
 
 
 async def test_stream_request_not_streaming_gets_one_response(
@@ -655,7 +668,8 @@ async def test_cancelling_a_stream_cancels_its_requests_upstream(
     ready: FakeDownstream, stub: pb_grpc.GRPCInferenceServiceStub, cancels: asyncio.Queue[Cancel]
 ) -> None:
     async def first_then_hold(request: Preprocess, send: Send) -> None:
-        await send(ResponseChunk(request_id=request.request_id, data=b"Hel"))
+        data = framing(request).delta(b"Hel")
+        await send(ResponseChunk(request_id=request.request_id, data=data))
         await ready.release.wait()
 
     ready.script = first_then_hold
@@ -793,10 +807,11 @@ async def test_sigterm_lets_an_open_stream_finish_then_exits(
     tmp_path: Path,
 ) -> None:
     async def first_then_rest_on_release(request: Preprocess, send: Send) -> None:
-        rid = request.request_id
-        await send(ResponseChunk(request_id=rid, data=b"Hel"))
+        rid, responses = request.request_id, framing(request)
+        await send(ResponseChunk(request_id=rid, data=responses.delta(b"Hel")))
         await downstream.release.wait()
-        await send(ResponseChunk(request_id=rid, data=b"lo", done=True, finish_reason="stop"))
+        rest = responses.delta(b"lo") + responses.last("stop", {})
+        await send(ResponseChunk(request_id=rid, data=rest, done=True, finish_reason="stop"))
 
     downstream.script = first_then_rest_on_release
     grpc_port = free_port()
@@ -833,7 +848,8 @@ async def test_sigterm_lets_an_open_stream_finish_then_exits(
     log = _text(log_path)
     assert outputs_of(first.infer_response) == {"text_output": b"Hel"}
     assert [outputs_of(r.infer_response) for r in rest] == [
-        {"text_output": b"lo", "finish_reason": b"stop"}
+        {"text_output": b"lo"},
+        {"finish_reason": b"stop"},
     ]
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     assert code in (0, -signal.SIGTERM), log

@@ -338,7 +338,11 @@ class Call:
     async def write(self, message: Any) -> None:
         """One response of a streaming method. Unlike ``grpc.aio``, tasks of the method may
         write concurrently: messages go out whole, one after another."""
-        data = self._serialize(message)
+        await self.write_framed(self._serialize(message))
+
+    async def write_framed(self, data: bytes) -> None:
+        """Responses already serialized with their 5-byte gRPC prefixes (one or more), e.g.
+        as the formatter builds them; whole, as ``write``."""
         while self._sending is not None:  # another message is waiting for window
             await asyncio.shield(self._sending)
         if self._finished:

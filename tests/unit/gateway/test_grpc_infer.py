@@ -30,9 +30,21 @@ from tests.unit.gateway.fakes import FakeBus
 Response = pb.ModelInferResponse
 
 
-def make() -> tuple[Response, Response]:
-    response = pb.ModelInferResponse()
-    return response, response
+class Writer:
+    """What ``Inference.stream`` writes: framed bytes as they came, and whole messages."""
+
+    def __init__(self) -> None:
+        self.framed: list[bytes] = []
+        self.messages: list[pb.ModelStreamInferResponse] = []
+        self.written = asyncio.Event()
+
+    async def write(self, message: pb.ModelStreamInferResponse) -> None:
+        self.messages.append(message)
+        self.written.set()
+
+    async def write_framed(self, data: bytes) -> None:
+        self.framed.append(data)
+        self.written.set()
 
 
 def chunk(data: bytes, *, done: bool = False, finish: str | None = None) -> ResponseChunk:
@@ -77,8 +89,10 @@ async def test_model_infer_joins_the_chunks_and_counts_tokens() -> None:
     bus = FakeBus()
     bus.script = [chunk(b"Hel"), chunk(b"lo"), chunk(b"", done=True, finish="stop")]
     ctx = context()
-    response = await inference(bus).run(llm(), ctx, make)
+    response = await inference(bus).run(llm(), ctx)
     assert text(response) == {"text_output": b"Hello", "finish_reason": b"stop"}
+    counts = {k: v.int64_param for k, v in response.parameters.items()}
+    assert counts == {"prompt_tokens": 3, "completion_tokens": 2}
     assert (ctx.prompt_tokens, ctx.completion_tokens, ctx.model) == (3, 2, "m")
     submitted = bus.submitted[0]
     assert (submitted.output.format, submitted.output.stream, submitted.prompt) == (
@@ -90,48 +104,44 @@ async def test_model_infer_joins_the_chunks_and_counts_tokens() -> None:
 
 async def test_streaming_on_model_infer_is_invalid() -> None:
     with pytest.raises(InvalidRequest, match="ModelStreamInfer"):
-        await inference(FakeBus()).run(llm(streaming=True), context(), make)
+        await inference(FakeBus()).run(llm(streaming=True), context())
 
 
-async def test_a_stream_sends_deltas_as_they_come_and_queued_ones_together() -> None:
+async def test_a_stream_relays_the_formatters_bytes_and_queued_ones_together() -> None:
+    """``kserve`` format: the gateway writes what the formatter framed, without parsing it."""
     bus = FakeBus()
-    bus.script = [chunk(b"He")]
-    sent: list[Response] = []
-    first_sent = asyncio.Event()
-
-    async def emit(response: Response) -> None:
-        sent.append(response)
-        first_sent.set()
-
-    task = asyncio.create_task(inference(bus).run(llm(), context(), make, emit))
-    await asyncio.wait_for(first_sent.wait(), 1)
+    bus.script = [chunk(b"<He>")]
+    writer = Writer()
+    ctx = context()
+    task = asyncio.create_task(inference(bus).stream(llm(), ctx, writer))
+    await asyncio.wait_for(writer.written.wait(), 1)
     inbox = bus.inboxes[0]
-    for item in (chunk(b"l"), chunk(b"lo"), chunk(b"", done=True, finish="length")):
+    for item in (chunk(b"<l>"), chunk(b"<lo>"), chunk(b"<end>", done=True, finish="length")):
         inbox.put_nowait(item)
-    last = await task
-    assert [text(r) for r in sent] == [{"text_output": b"He"}]
-    assert [r.parameters["triton_final_response"].bool_param for r in sent] == [False]
-    assert text(last) == {"text_output": b"llo", "finish_reason": b"length"}
-    assert last.parameters["triton_final_response"].bool_param
-    assert bus.submitted[0].output.stream
+    await task
+    assert (writer.framed, writer.messages) == ([b"<He>", b"<l><lo><end>"], [])
+    assert (ctx.prompt_tokens, ctx.completion_tokens) == (3, 2)
+    output = bus.submitted[0].output
+    assert (output.format, output.stream) == ("kserve", True)
+    assert output.kserve is not None
+    assert (output.kserve.id, output.kserve.outputs) == ("c1", ())
 
 
-async def test_a_stream_request_with_streaming_off_gets_one_response() -> None:
+async def test_a_stream_request_with_streaming_off_gets_one_final_response() -> None:
     bus = FakeBus()
     bus.script = [chunk(b"Hello", done=True, finish="stop")]
-    sent: list[Response] = []
-
-    async def emit(response: Response) -> None:
-        sent.append(response)
-
-    last = await inference(bus).run(llm(streaming=False), context(), make, emit)
-    assert (sent, text(last)["text_output"]) == ([], b"Hello")
+    writer = Writer()
+    await inference(bus).stream(llm(streaming=False), context(), writer)
+    [message] = writer.messages
+    assert (writer.framed, text(message.infer_response)["text_output"]) == ([], b"Hello")
+    assert message.infer_response.parameters["triton_final_response"].bool_param
+    assert bus.submitted[0].output.format == "text"
     assert not bus.submitted[0].output.stream
 
 
 async def test_a_cancelled_call_cancels_upstream() -> None:
     bus = FakeBus()
-    task = asyncio.create_task(inference(bus).run(llm(), context(), make))
+    task = asyncio.create_task(inference(bus).stream(llm(), context(), Writer()))
     await asyncio.sleep(0)  # runs until it waits for the first reply
     assert bus.submitted
     task.cancel()
@@ -144,7 +154,7 @@ async def test_the_client_deadline_bounds_the_wait_and_cancels_as_timeout() -> N
     bus = FakeBus()
     started = time.monotonic()
     with pytest.raises(UpstreamTimeout):
-        await inference(bus).run(llm(), context(), make, deadline=started + 0.05)
+        await inference(bus).run(llm(), context(), deadline=started + 0.05)
     assert time.monotonic() - started < 0.4
     assert bus.cancelled == [("r1", "timeout")]
     assert bus.submitted[0].deadline_ms <= (time.time() + 0.05) * 1000
@@ -154,7 +164,7 @@ async def test_shutting_down_refuses_new_requests() -> None:
     readiness = Readiness()
     readiness.begin_shutdown()
     with pytest.raises(ShuttingDown):
-        await inference(FakeBus(), readiness).run(llm(), context(), make)
+        await inference(FakeBus(), readiness).run(llm(), context())
 
 
 # --- tensor models -------------------------------------------------------------------------------
@@ -186,7 +196,7 @@ def result() -> TensorResult:
 async def test_a_tensor_request_goes_to_the_first_worker_in_turn() -> None:
     bus = tensor_bus()
     bus.script = [result()]
-    response = await inference(bus).run(tensor_request(), context(), make)
+    response = await inference(bus).run(tensor_request(), context())
     infer, worker_id = bus.tensor_sent[0]
     assert worker_id == "w1"
     assert (infer.model, infer.id, infer.inputs[0].data) == ("t", "c9", struct.pack("<2i", 4, 5))
@@ -198,7 +208,7 @@ async def test_a_tensor_request_goes_to_the_first_worker_in_turn() -> None:
 async def test_a_worker_that_just_went_is_skipped_for_the_next() -> None:
     bus = tensor_bus()
     bus.tensor_scripts = [[NoResponders("gone")], [result()]]
-    await inference(bus).run(tensor_request(), context(), make)
+    await inference(bus).run(tensor_request(), context())
     assert [worker for _, worker in bus.tensor_sent] == ["w1", "w2"]
 
 
@@ -206,5 +216,15 @@ async def test_no_live_tensor_worker_is_unavailable() -> None:
     bus = tensor_bus()
     bus.workers = []
     with pytest.raises(Exception, match="no live worker") as caught:
-        await inference(bus).run(tensor_request(), context(), make)
+        await inference(bus).run(tensor_request(), context())
     assert getattr(caught.value, "code", None) == "no_worker_available"
+
+
+async def test_a_tensor_request_on_a_stream_is_one_final_response() -> None:
+    bus = tensor_bus()
+    bus.script = [result()]
+    writer = Writer()
+    await inference(bus).stream(tensor_request(), context(), writer)
+    [message] = writer.messages
+    assert list(message.infer_response.raw_output_contents) == [struct.pack("<2i", 4, 5)]
+    assert message.infer_response.parameters["triton_final_response"].bool_param
