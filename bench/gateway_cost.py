@@ -4,11 +4,11 @@
 
 A private nats-server, the gateway as users start it (``python -m services.gateway``), and a
 stand-in for preprocessor + formatter in its own process that answers every request with
-``--chunks`` chunks ``--gap-ms`` apart (SSE frames for HTTP, bare text for gRPC, as the
-formatter sends them). This process is the load: ``/v1/completions`` streaming over kept-alive
-connections (``bench.httpclient``), and ``ModelStreamInfer`` over one stream per client from
-grpclib (``grpc``) and from the stock grpcio client (``grpc-grpcio``); c=64 and c=1, the
-protocols alternated in each round. One JSON line per run: req/s and the gateway's CPU per
+``--chunks`` chunks ``--gap-ms`` apart (SSE frames for HTTP, framed KServe responses for gRPC,
+as the formatter sends them). This process is the load: ``/v1/completions`` streaming over
+kept-alive connections (``bench.httpclient``), and ``ModelStreamInfer`` over one stream per
+client from grpclib (``grpc``) and from the stock grpcio client (``grpc-grpcio``); c=64 and
+c=1, the protocols alternated in each round. One JSON line per run: req/s and the gateway's CPU per
 request (utime + stime from /proc, all its threads).
 """
 
@@ -32,7 +32,8 @@ from bench.httpclient import Record
 from bench.serving import cpu_s, prompts, run_completions, run_grpc
 from services.cli.stack import free_port, wait_for_port
 from shared import codec
-from shared.messages import ModelCard, Preprocess, ResponseChunk, WorkerCard
+from shared.kserve_wire import TextResponses
+from shared.messages import KServeOutput, ModelCard, Preprocess, ResponseChunk, WorkerCard
 from shared.registry import WorkerRegistration, publish_model_card
 from shared.subjects import Subjects
 from tests.support import nats_server
@@ -53,14 +54,16 @@ async def downstream(nats_url: str, chunks: int, gap_s: float) -> None:
     tasks: set[asyncio.Task[None]] = set()
 
     async def answer(request: Preprocess) -> None:
-        rid, to = request.request_id, request.reply_to
-        is_text = request.output.format == "text"
+        rid, to, output = request.request_id, request.reply_to, request.output
+        delta, last = b'data: {"choices":[{"text":"tok "}]}\n\n', b"data: [DONE]\n\n"
+        if output.format == "kserve":  # framed ModelStreamInferResponses, as the formatter's
+            kserve = output.kserve or KServeOutput()
+            responses = TextResponses(request.model, kserve.id, kserve.outputs)
+            delta, last = responses.delta(b"tok "), responses.last("length", {})
         for i in range(chunks):
-            data = b"tok " if is_text else b'data: {"choices":[{"text":"tok "}]}\n\n'
-            await nc.publish(to, codec.encode(ResponseChunk(request_id=rid, data=data)))
+            await nc.publish(to, codec.encode(ResponseChunk(request_id=rid, data=delta)))
             if i < chunks - 1:
                 await asyncio.sleep(gap_s)
-        last = b"" if is_text else b"data: [DONE]\n\n"
         done = ResponseChunk(
             request_id=rid,
             data=last,
