@@ -50,6 +50,10 @@ def _output(name: str) -> bytes:
     return _field(5, _field(1, name.encode()) + _field(2, b"BYTES") + _field(3, _varint(1)))
 
 
+_TEXT_TENSOR = _output(TEXT_OUTPUT)
+_FINISH_TENSOR = _output(FINISH_REASON)
+
+
 def _element(data: bytes) -> bytes:
     """One ``raw_output_contents`` entry (field 6): a BYTES element (4-byte LE length, data)."""
     return _field(6, _LENGTH.pack(len(data)) + data)
@@ -60,6 +64,7 @@ class TextResponses:
     one with ``finish_reason``, ``triton_final_response`` and the token counts."""
 
     __slots__ = ("_delta_head", "_final_head", "_head", "_is_finish_wanted", "_is_text_wanted")
+    # ``_delta_head`` holds everything of a delta before its text element (built once).
 
     def __init__(self, model: str, request_id: str, outputs: Collection[str] = ()) -> None:
         """``outputs``: the outputs the client asked for (empty = all)."""
@@ -68,14 +73,20 @@ class TextResponses:
             self._head += _field(3, request_id.encode())
         self._is_text_wanted = not outputs or TEXT_OUTPUT in outputs
         self._is_finish_wanted = not outputs or FINISH_REASON in outputs
-        self._delta_head = self._head + _parameter(FINAL_PARAMETER, False)
+        self._delta_head = self._head + _parameter(FINAL_PARAMETER, False) + _TEXT_TENSOR
         self._final_head = self._head + _parameter(FINAL_PARAMETER, True)
 
     def delta(self, text: bytes) -> bytes:
         """A response with ``text`` (nothing when the client did not ask for the text)."""
         if not self._is_text_wanted:
             return b""
-        return _frame(self._delta_head + _output(TEXT_OUTPUT) + _element(text))
+        n = len(text)
+        if n < 120:  # one-byte varints: the common delta, without the general encoder
+            inner = self._delta_head + bytes((0x32, n + 4)) + _LENGTH.pack(n) + text
+            if len(inner) < 128:
+                message = bytes((0x12, len(inner))) + inner
+                return _MESSAGE.pack(0, len(message)) + message
+        return _frame(self._delta_head + _element(text))
 
     def last(
         self, finish_reason: str, parameters: Mapping[str, int], text: bytes | None = None
@@ -86,10 +97,10 @@ class TextResponses:
         inner += b"".join(_parameter(key, value) for key, value in parameters.items())
         elements = b""
         if text is not None and self._is_text_wanted:
-            inner += _output(TEXT_OUTPUT)
+            inner += _TEXT_TENSOR
             elements += _element(text)
         if self._is_finish_wanted:
-            inner += _output(FINISH_REASON)
+            inner += _FINISH_TENSOR
             elements += _element(finish_reason.encode())
         return _frame(inner + elements)
 

@@ -78,3 +78,11 @@ def test_messages_concatenate_into_one_write() -> None:
 
 def test_usage_parameters_leave_out_zero_cached_tokens() -> None:
     assert usage_parameters(3, 4) == {"prompt_tokens": 3, "completion_tokens": 4}
+
+
+@pytest.mark.parametrize("size", [0, 1, 60, 90, 119, 120, 127, 128, 200, 20_000])
+def test_deltas_of_every_size_around_the_one_byte_varint_limits(size: int) -> None:
+    """Short deltas take a fast path (one-byte lengths); both paths encode the same message."""
+    model = "m" * 20
+    [message] = parsed(TextResponses(model, "17").delta(b"x" * size))
+    assert message == expected(model=model, request_id="17", text=b"x" * size, final=False)
