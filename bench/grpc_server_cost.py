@@ -42,7 +42,6 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
@@ -50,6 +49,7 @@ import uvicorn
 import uvloop
 
 from bench.httpclient import Connection
+from bench.serving import cpu_s
 from services.gateway.grpcserver.calls import CallLimits
 from services.gateway.grpcserver.connection import Http2Settings
 from services.gateway.grpcserver.server import Server
@@ -64,7 +64,6 @@ WARM_CALLS = 5
 SETTLE_S = 0.1
 """Pause before each CPU reading, so the server finishes what the last call left it."""
 TIMEOUT_S = 120.0
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 ASGIApp = Callable[
     [dict[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callable[[Any], Awaitable[None]]],
@@ -282,12 +281,6 @@ async def drive(args: argparse.Namespace) -> None:
 
 
 # --- the runs (this process) --------------------------------------------------------------------
-
-
-def cpu_s(pid: int) -> float:
-    """utime + stime of ``pid`` (all its threads), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
 async def _line(proc: asyncio.subprocess.Process, what: str) -> str:

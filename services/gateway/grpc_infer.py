@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import structlog
@@ -47,7 +48,7 @@ from shared.errors import (
 )
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve_wire import usage_parameters
-from shared.messages import KServeOutput, TensorInfer, TensorResult
+from shared.messages import KServeOutput, ResponseChunk, TensorInfer, TensorResult
 
 log = structlog.get_logger(__name__)
 
@@ -173,27 +174,9 @@ class Inference:
     ) -> None:
         """Relay the formatter's framed responses; those already queued go out in one write."""
         reply, first_timeout_s = await self._submit(request, ctx, parsed, deadline, stream=True)
-        try:
-            chunk = await reply.next(first_timeout_s)
-            ctx.mark_first_response()
-            parts: list[bytes] = []
-            while True:
-                if chunk.data:
-                    parts.append(chunk.data)
-                if chunk.done:
-                    break
-                if parts and not reply.ready:
-                    data = _joined(parts)
-                    parts.clear()
-                    await writer.write_framed(data)
-                chunk = await reply.next(_wait_s(self._idle_timeout_s, deadline))
-            reply.close()
-        except BaseException as exc:
-            _abandon(reply, exc, deadline)
-            raise
-        ctx.prompt_tokens, ctx.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
-        if parts:
-            await writer.write_framed(_joined(parts))
+        _, rest = await self._read(reply, ctx, first_timeout_s, deadline, writer.write_framed)
+        if rest:
+            await writer.write_framed(_joined(rest))
 
     async def _whole_text(
         self,
@@ -206,6 +189,30 @@ class Inference:
     ) -> pb.ModelInferResponse:
         """The whole text in one response (``text`` format, not streamed)."""
         reply, first_timeout_s = await self._submit(request, ctx, parsed, deadline, stream=False)
+        done, parts = await self._read(reply, ctx, first_timeout_s, deadline)
+        response = pb.ModelInferResponse()
+        fill_text(
+            response,
+            model=request.model_name,
+            request_id=request.id,
+            text=_joined(parts),
+            finish_reason=done.finish_reason,
+            final=final,
+            wanted=parsed.outputs,
+            parameters=usage_parameters(done.prompt_tokens, done.completion_tokens),
+        )
+        return response
+
+    async def _read(
+        self,
+        reply: Reply,
+        ctx: RequestContext,
+        first_timeout_s: float,
+        deadline: float | None,
+        write: Callable[[bytes], Awaitable[None]] | None = None,
+    ) -> tuple[ResponseChunk, list[bytes]]:
+        """A request's chunks up to the done one: that chunk and the data not yet written.
+        With ``write``, the data already queued is passed on whenever the queue runs dry."""
         try:
             chunk = await reply.next(first_timeout_s)
             ctx.mark_first_response()
@@ -215,24 +222,17 @@ class Inference:
                     parts.append(chunk.data)
                 if chunk.done:
                     break
+                if write is not None and parts and not reply.ready:
+                    data = _joined(parts)
+                    parts.clear()
+                    await write(data)
                 chunk = await reply.next(_wait_s(self._idle_timeout_s, deadline))
             reply.close()
         except BaseException as exc:
             _abandon(reply, exc, deadline)
             raise
         ctx.prompt_tokens, ctx.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
-        response = pb.ModelInferResponse()
-        fill_text(
-            response,
-            model=request.model_name,
-            request_id=request.id,
-            text=_joined(parts),
-            finish_reason=chunk.finish_reason,
-            final=final,
-            wanted=parsed.outputs,
-            parameters=usage_parameters(chunk.prompt_tokens, chunk.completion_tokens),
-        )
-        return response
+        return chunk, parts
 
     # --- tensor models ---------------------------------------------------------------------------
 
