@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test _test-all test-unit test-integration test-e2e test-compose test-containers images-local up down lint fmt typecheck proto bench bench-routing config-doc clean
+.PHONY: help install run test _test-all test-unit test-integration test-e2e test-compose test-containers images-local up down lint fmt typecheck proto bench bench-gateway bench-routing config-doc clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-18s %s\n",$$1,$$2}'
@@ -79,6 +79,9 @@ proto: $(STAMP) ## regenerate shared/kserve/ (gRPC code, committed) from proto/s
 
 bench: $(STAMP) ## serving benchmark: c=1 and c=64 with speedup 0, HTTP and gRPC alternated; prints JSON
 	$(PY) -m bench.serving $(ARGS)
+
+bench-gateway: $(STAMP) ## gateway CPU per request alone: HTTP vs KServe gRPC (both clients), a stand-in pipeline
+	$(PY) -m bench.gateway_cost $(ARGS)
 
 bench-routing: $(STAMP) ## router benchmark: decision latency + events/s (a), shared-prefix kv vs round-robin (b)
 	$(PY) -m bench.routing --part a b $(ARGS)
