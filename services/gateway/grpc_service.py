@@ -159,20 +159,21 @@ class InferenceServicer:
     async def ModelStreamInfer(
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Context
     ) -> None:
-        """One task per request, each writing its own responses (the call keeps each message
-        whole); the call ends once the client has half-closed and every request is answered.
-        Cancelling the call (client cancel, deadline) cancels every request."""
+        """One task per request, started as its message is read, each writing its own
+        responses (the call keeps each message whole); the call ends once the client has
+        half-closed and every request is answered. Cancelling the call (client cancel,
+        deadline) cancels every request."""
         deadline = _deadline(context)
         loop = asyncio.get_running_loop()
         tasks: set[asyncio.Task[None]] = set()
+
+        def start(request: pb.ModelInferRequest) -> None:
+            task = loop.create_task(self._stream_one(request, context, deadline))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
         try:
-            try:
-                async for request in requests:
-                    task = loop.create_task(self._stream_one(request, context, deadline))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-            except Exception as exc:  # noqa: BLE001 - the call broke: answer what was read
-                log.warning("stream_read_failed", error_type=type(exc).__name__, error=str(exc))
+            await context.each_request(start)
             while tasks:
                 await asyncio.wait(tuple(tasks))
         finally:

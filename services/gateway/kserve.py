@@ -222,9 +222,9 @@ def parameters_of(params: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {}
     for key, param in params.items():
-        which = param.WhichOneof("parameter_choice")
-        if which is not None:
-            out[key] = getattr(param, which)
+        fields = param.ListFields()  # the oneof's one set field, if any
+        if fields:
+            out[key] = fields[0][1]
     return out
 
 

@@ -9,6 +9,7 @@ are built once per card; request inputs are checked against the same tensor spec
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,7 @@ LLM_SPEC = TensorModelSpec(
     platform=PLATFORM,
     backend=PLATFORM,
 )
+_LENGTH = struct.Struct("<I")
 SAMPLING_INPUTS = frozenset(
     {
         "max_tokens",
@@ -179,6 +181,9 @@ def text_request(request: pb.ModelInferRequest) -> TextRequest:
         if name == TEXT_INPUT:
             prompt = _prompt(tensor, raw)
         elif name == STREAMING:
+            if raw is not None and len(raw) == 1 and _is_one(tensor, "BOOL"):
+                streaming = raw != b"\x00"  # the common case, without the general reader
+                continue
             _expect(tensor, "BOOL")
             streaming = bool(_one(tensor, input_values(tensor, raw)))
         elif name in SAMPLING_INPUTS:
@@ -197,7 +202,16 @@ def text_request(request: pb.ModelInferRequest) -> TextRequest:
     return TextRequest(prompt, streaming, fields, requested_outputs(request, LLM_SPEC))
 
 
+def _is_one(tensor: pb.ModelInferRequest.InferInputTensor, datatype: str) -> bool:
+    """``tensor`` is one element of ``datatype`` (shape [1] or [1, 1])."""
+    return tensor.datatype == datatype and list(tensor.shape) in ([1], [1, 1])
+
+
 def _prompt(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> str:
+    if raw is not None and len(raw) >= 4 and _is_one(tensor, "BYTES"):
+        (length,) = _LENGTH.unpack_from(raw)
+        if length == len(raw) - 4:  # one whole element: the common case, read directly
+            return _text(tensor, raw[4:])
     _expect(tensor, "BYTES")
     values = input_values(tensor, raw)
     if len(values) != 1:

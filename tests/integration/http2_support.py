@@ -125,6 +125,8 @@ class Context(Protocol):
 
     async def write(self, message: Any) -> None: ...
 
+    async def each_request(self, start: Callable[[Any], None]) -> None: ...
+
 
 class Probe:
     """A servicer whose methods say what happened to them."""
@@ -196,6 +198,17 @@ class Probe:
 
         await asyncio.gather(*(one(i) for i in range(count)))
 
+    async def each(self, requests: AsyncIterator[BytesValue], context: Context) -> None:
+        """Every request answered by its own task (``each_request``), reversed."""
+        tasks: list[asyncio.Task[None]] = []
+
+        def start(request: BytesValue) -> None:
+            reply = BytesValue(value=request.value[::-1])
+            tasks.append(asyncio.get_running_loop().create_task(context.write(reply)))
+
+        await context.each_request(start)
+        await asyncio.gather(*tasks)
+
     async def collect(self, requests: AsyncIterator[BytesValue], context: Context) -> BytesValue:
         """Reads nothing until ``may_read``; then the total size of what was sent."""
         await self.may_read.wait()
@@ -245,6 +258,7 @@ def register(server: Server, probe: Probe) -> None:
         "Repeat": _bytes_values(grpc.unary_stream_rpc_method_handler, probe.repeat),
         "FanOut": _bytes_values(grpc.unary_stream_rpc_method_handler, probe.fan_out),
         "Chat": _bytes_values(grpc.stream_stream_rpc_method_handler, probe.chat),
+        "Each": _bytes_values(grpc.stream_stream_rpc_method_handler, probe.each),
     }
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, streaming)])
 

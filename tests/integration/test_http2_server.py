@@ -181,6 +181,18 @@ class TestCalls:
         assert response.grpc_status == grpc.StatusCode.UNKNOWN.value[0]
         assert b"boom" in response.grpc[b"grpc-message"]
 
+    async def test_each_request_hands_out_messages_as_they_come(self, port: int) -> None:
+        async with h2_client(port) as client:
+            body = message(b"abc") + message(b"xy") + message(b"")
+            response = await client.call("Each", body)
+        assert sorted(messages(response.data)) == [b"", b"cba", b"yx"]
+        assert response.grpc_status == 0
+
+    async def test_each_request_with_an_unparsable_message_fails_the_call(self, port: int) -> None:
+        async with h2_client(port) as client:
+            response = await client.call("Each", message(b"ok") + b"\x00\x00\x00\x00\x02\xff\xff")
+        assert response.grpc_status == grpc.StatusCode.INTERNAL.value[0]
+
 
 class TestRejectedRequests:
     async def test_unknown_method_is_trailers_only_unimplemented(self, port: int) -> None:
