@@ -22,6 +22,10 @@ models answer; clients loop until it is true)."""
 _LENGTH = struct.Struct("<I")
 _MESSAGE = struct.Struct(">BI")
 """gRPC's length prefix: compressed flag, length."""
+_SHORT_PREFIX = struct.Struct(">BIBB")
+"""gRPC's prefix, then field 2's tag and a one-byte length (a message under 128 bytes)."""
+_SHORT_ELEMENT = struct.Struct("<BBI")
+"""Field 6's tag, a one-byte length, then the BYTES element's 4-byte length."""
 
 
 def _varint(value: int) -> bytes:
@@ -81,11 +85,10 @@ class TextResponses:
         if not self._is_text_wanted:
             return b""
         n = len(text)
-        if n < 120:  # one-byte varints: the common delta, without the general encoder
-            inner = self._delta_head + bytes((0x32, n + 4)) + _LENGTH.pack(n) + text
-            if len(inner) < 128:
-                message = bytes((0x12, len(inner))) + inner
-                return _MESSAGE.pack(0, len(message)) + message
+        inner = len(self._delta_head) + 6 + n
+        if inner < 128:  # one-byte lengths: the common delta, in one go
+            prefix = _SHORT_PREFIX.pack(0, inner + 2, 0x12, inner)
+            return prefix + self._delta_head + _SHORT_ELEMENT.pack(0x32, n + 4, n) + text
         return _frame(self._delta_head + _element(text))
 
     def last(

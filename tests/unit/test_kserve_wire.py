@@ -80,7 +80,7 @@ def test_usage_parameters_leave_out_zero_cached_tokens() -> None:
     assert usage_parameters(3, 4) == {"prompt_tokens": 3, "completion_tokens": 4}
 
 
-@pytest.mark.parametrize("size", [0, 1, 60, 90, 119, 120, 127, 128, 200, 20_000])
+@pytest.mark.parametrize("size", [*range(0, 140), 200, 20_000])
 def test_deltas_of_every_size_around_the_one_byte_varint_limits(size: int) -> None:
     """Short deltas take a fast path (one-byte lengths); both paths encode the same message."""
     model = "m" * 20
