@@ -10,6 +10,7 @@ import threading
 
 from services.cli import tap
 from services.cli.config import UpPlan, add_up_options, up_plan
+from services.cli.launcher import supervise
 from services.cli.stack import Stack, StackConfig, StackError
 from shared.model_dir import default_model_dir, ensure_default_model_dir
 
@@ -83,17 +84,10 @@ def _up(plan: UpPlan) -> int:
     removed = "" if up.keep_run_dir or not stack.owns_run_dir else " (removed on a clean exit)"
     print(f"logs and pids: {stack.run_dir}{removed}    stop: Ctrl-C")
     sys.stdout.flush()
-    code = 0
-    while not stop.wait(0.5):
-        dead = stack.exited()
-        if dead is not None:
-            print(
-                f"jetserve up: {dead.name} exited with code {dead.proc.returncode}\n{dead.tail()}",
-                file=sys.stderr,
-            )
-            code = 1
-            break
-    print("stopping…", file=sys.stderr)
+    code, reason = supervise(stack, stop)
+    print(f"stopping ({reason.splitlines()[0]})…", file=sys.stderr)
+    if code:
+        print(reason, file=sys.stderr)
     stack.stop()
     if code == 0 and not up.keep_run_dir and stack.remove_run_dir():
         return code

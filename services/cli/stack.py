@@ -91,6 +91,14 @@ class Child:
     name: str
     proc: subprocess.Popen[bytes]
     log_path: Path | None
+    cmd: list[str] = field(default_factory=list)
+    """What started it (``restart`` runs it again)."""
+
+    def note(self, line: str) -> None:
+        """Append one line of the launcher's own to this process's log (when it has one)."""
+        if self.log_path is not None:
+            with self.log_path.open("a") as log:
+                log.write(line + "\n")
 
     def tail(self, lines: int = 30) -> str:
         if self.log_path is None or not self.log_path.is_file():
@@ -210,6 +218,21 @@ class Stack:
         self._popen(label or service, [sys.executable, "-m", f"services.{service}", *args, *extra])
 
     def _popen(self, name: str, cmd: list[str]) -> None:
+        self.children.append(self._launch(name, cmd))
+
+    def restart(self, child: Child) -> Child:
+        """Start an exited child again, same command, same log (appended) and pid file."""
+        if child.proc.poll() is None:
+            raise StackError(f"{child.name} is still running")
+        fresh = self._launch(child.name, child.cmd)
+        self.children[self.children.index(child)] = fresh
+        return fresh
+
+    def exited_children(self) -> list[Child]:
+        """Every child that has exited (and was not started again)."""
+        return [c for c in self.children if c.proc.poll() is not None]
+
+    def _launch(self, name: str, cmd: list[str]) -> Child:
         env = {
             **os.environ,
             "JETSERVE_NATS_URL": self.nats_url,
@@ -229,7 +252,7 @@ class Stack:
         if out is not None and not isinstance(out, int):
             out.close()
         (self.run_dir / f"{name}.pid").write_text(str(proc.pid))
-        self.children.append(Child(name, proc, log_path))
+        return Child(name, proc, log_path, cmd)
 
     def _check_alive(self) -> None:
         for child in self.children:
@@ -253,10 +276,6 @@ class Stack:
                     return
             time.sleep(0.1)
         raise StackError(f"the gateway was not ready after {timeout_s:.0f}s (logs: {self.run_dir})")
-
-    def exited(self) -> Child | None:
-        """The first child that has exited, if any."""
-        return next((c for c in self.children if c.proc.poll() is not None), None)
 
     def pids(self) -> dict[str, int]:
         return {c.name: c.proc.pid for c in self.children}

@@ -108,3 +108,62 @@ def test_up_serves_and_sigterm_stops_every_process_and_removes_its_run_dir(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_up_restarts_a_killed_mocker_and_goes_on_serving(tmp_path: Path, model_dir: Path) -> None:
+    """SIGKILL of one mocker: the launcher starts it again (a line on its stderr and in the
+    mocker's log), every service stays up, and requests are served."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        _up(
+            *("--http-port", "0", "--grpc-port", "0", "--workers", "2"),
+            *("--model-path", str(model_dir), "--mocker-speedup-ratio", "0"),
+            *("--run-dir", str(run_dir)),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "JETSERVE_NAMESPACE": "restarttest"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("JetServe is up: http://127.0.0.1:"), line or proc.stderr.read()
+        base = line.split()[3]
+        pid_file = run_dir / "mocker-0.pid"
+        killed = int(pid_file.read_text())
+        others = {p.name: int(p.read_text()) for p in run_dir.glob("*.pid") if p != pid_file}
+        os.kill(killed, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            fresh = int(pid_file.read_text())
+            if fresh != killed and _alive(fresh):
+                break
+            time.sleep(0.1)
+        assert fresh != killed, "mocker-0 was not started again"
+        assert _alive(fresh)
+        assert all(_alive(pid) for pid in others.values()), others
+        log = (run_dir / "mocker-0.log").read_text()
+        assert "jetserve up: mocker-0 exited with code -9; restart 1 in" in log
+        assert f"jetserve up: mocker-0 restarted (pid {fresh})" in log
+        for _ in range(6):
+            resp = httpx.post(
+                f"{base}/chat/completions",
+                json={
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 3,
+                },
+                timeout=30,
+            )
+            assert resp.status_code == 200, resp.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert proc.stderr is not None
+        stderr = proc.stderr.read()
+        assert "mocker-0 exited with code -9; restart 1" in stderr
+        assert "stopping (stopped by signal)" in stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
