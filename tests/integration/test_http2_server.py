@@ -560,6 +560,17 @@ def _window_update_past_2_31(client: RawClient) -> None:
     client.send(Kind.WINDOW_UPDATE, 0, 0, struct.pack(">I", 2**31 - 1))
 
 
+async def test_a_connection_that_never_sends_the_preface_is_closed(serve: Serve) -> None:
+    served = await serve(Http2Settings(preface_timeout_s=0.2))
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+    try:
+        async with asyncio.timeout(WAIT_S):
+            while await reader.read(65_536):  # the server's SETTINGS, then EOF
+                pass
+    finally:
+        writer.close()
+
+
 class TestConnectionErrors:
     async def test_bad_preface_is_goaway_protocol_error(self, port: int) -> None:
         async with raw_client(port, preface=b"GET / HTTP/1.1\r\nHost: x\r\n\r\n") as client:

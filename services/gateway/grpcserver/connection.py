@@ -47,6 +47,7 @@ from services.gateway.grpcserver.frames import (
 log = structlog.get_logger(__name__)
 
 Headers = list[tuple[bytes, bytes]]
+PREFACE_TIMEOUT_S = 10.0
 MAX_HEADER_BLOCK = 1 << 20
 """Bytes of one header block (HEADERS + CONTINUATION) before the connection is dropped."""
 
@@ -62,6 +63,8 @@ class Http2Settings:
     max_concurrent_streams: int = 1024
     max_frame_size: int = 1 << 20
     max_header_list_size: int = 64 << 10
+    preface_timeout_s: float = PREFACE_TIMEOUT_S
+    """A connection that has not sent the HTTP/2 preface by then is closed."""
 
 
 class StreamHandler(Protocol):
@@ -290,6 +293,11 @@ class Http2Connection(asyncio.Protocol):
         if s.connection_window > DEFAULT_WINDOW:
             out += window_update(0, s.connection_window - DEFAULT_WINDOW)
         transport.write(out)
+        asyncio.get_running_loop().call_later(s.preface_timeout_s, self._check_preface)
+
+    def _check_preface(self) -> None:
+        if not self._has_preface and not self._is_closing:
+            self._close()
 
     def data_received(self, data: bytes) -> None:
         if self._is_closing:
