@@ -1,16 +1,23 @@
-"""A stand-in for preprocessor + formatter, for gateway tests (HTTP and gRPC) on real NATS."""
+"""For the gateway's tests (HTTP and gRPC) on real NATS: the real app served by uvicorn in the
+test's event loop, and a stand-in for preprocessor + formatter."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Coroutine
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import uvicorn
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from services.gateway.app import create_app
+from services.gateway.bus import GatewayBus
+from services.gateway.config import GatewayConfig
 from shared import codec
 from shared.messages import Preprocess
 from shared.subjects import Subjects
@@ -56,3 +63,54 @@ class FakeDownstream:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+@dataclass
+class Gateway:
+    config: GatewayConfig
+    server: uvicorn.Server
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.config.http_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.config.grpc_port}"
+
+
+@contextlib.asynccontextmanager
+async def served_gateway(
+    config: GatewayConfig, *, serve_grpc: bool = False
+) -> AsyncIterator[Gateway]:
+    """The real gateway app under uvicorn (httptools) on ``config.http_port``, in this loop."""
+    app = create_app(config, bus=GatewayBus(config), serve_grpc=serve_grpc)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=config.http_port,
+            http="httptools",
+            ws="none",
+            lifespan="on",
+            log_config=None,
+            access_log=False,
+        )
+    )
+    task = asyncio.create_task(server.serve())
+    await until(lambda: server.started or task.done(), "uvicorn to start")
+    assert server.started, "gateway failed to start"
+    try:
+        yield Gateway(config, server)
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, WAIT_S * 2)
+
+
+async def until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    """Return once ``condition()`` holds; ``TimeoutError`` naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)

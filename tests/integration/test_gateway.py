@@ -15,22 +15,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import msgspec
 import openai
 import pytest
-import uvicorn
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from services.gateway.app import create_app
-from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
 from shared import codec
 from shared.messages import (
@@ -43,7 +39,14 @@ from shared.messages import (
 )
 from shared.registry import WorkerRegistration, publish_model
 from shared.subjects import Subjects
-from tests.integration.gateway_support import WAIT_S, FakeDownstream, Send
+from tests.integration.gateway_support import (
+    WAIT_S,
+    FakeDownstream,
+    Gateway,
+    Send,
+    served_gateway,
+    until,
+)
 from tests.support import free_port
 
 MODEL = "mock-model"
@@ -122,16 +125,6 @@ async def _hello_world(request: Preprocess, send: Send) -> None:
         await send(ResponseChunk(request_id=rid, data=frame, done=i == len(frames) - 1))
 
 
-@dataclass
-class Gateway:
-    config: GatewayConfig
-    server: uvicorn.Server
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.config.http_port}"
-
-
 @pytest.fixture
 async def gateway(nats_url: str, subjects: Subjects) -> AsyncIterator[Gateway]:
     """The real gateway app under uvicorn (httptools) on a free port, in this event loop."""
@@ -143,27 +136,8 @@ async def gateway(nats_url: str, subjects: Subjects) -> AsyncIterator[Gateway]:
         stream_idle_timeout_s=REQUEST_TIMEOUT_S,
         gateway_id="gw1",
     )
-    app = create_app(config, bus=GatewayBus(config))
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=config.http_port,
-            http="httptools",
-            ws="none",
-            lifespan="on",
-            log_config=None,
-            access_log=False,
-        )
-    )
-    task = asyncio.create_task(server.serve())
-    await _until(lambda: server.started or task.done(), "uvicorn to start")
-    assert server.started, "gateway failed to start"
-    try:
-        yield Gateway(config, server)
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, WAIT_S * 2)
+    async with served_gateway(config) as gateway:
+        yield gateway
 
 
 @pytest.fixture
@@ -234,14 +208,6 @@ async def cancels(nc: Client, subjects: Subjects) -> asyncio.Queue[Cancel]:
     await nc.subscribe(subjects.cancel, cb=on_cancel)
     await nc.flush()
     return queue
-
-
-async def _until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def _until_ok(http: httpx.AsyncClient, path: str) -> httpx.Response:
@@ -600,7 +566,7 @@ async def test_sigterm_lets_the_in_flight_stream_finish_then_exits(
                 chunks = response.aiter_raw()
                 first = await asyncio.wait_for(anext(chunks), WAIT_S)
                 proc.send_signal(signal.SIGTERM)
-                await _until(lambda: "shutdown_started" in _text(log_path), "SIGTERM")
+                await until(lambda: "shutdown_started" in _text(log_path), "SIGTERM")
                 downstream.release.set()
                 rest = b"".join([c async for c in chunks])
         code = await asyncio.wait_for(asyncio.to_thread(proc.wait), WAIT_S * 2)

@@ -17,8 +17,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ import grpc
 import httpx
 import nats
 import pytest
-import uvicorn
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc  # type: ignore[import-untyped]
 from nats.aio.client import Client
@@ -36,8 +34,6 @@ from structlog.testing import capture_logs
 
 from services.formatter.config import FormatterConfig
 from services.formatter.service import build_service
-from services.gateway.app import create_app
-from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
 from services.mocker.service import ModelInfo
 from services.preprocessor.config import PreprocessorConfig
@@ -66,7 +62,14 @@ from shared.messages import (
 from shared.registry import WorkerRegistration, publish_model
 from shared.subjects import Subjects
 from tests.integration import mocker_support
-from tests.integration.gateway_support import WAIT_S, FakeDownstream, Send
+from tests.integration.gateway_support import (
+    WAIT_S,
+    FakeDownstream,
+    Gateway,
+    Send,
+    served_gateway,
+    until,
+)
 from tests.support import free_port
 
 MODEL = "mock-model"
@@ -206,16 +209,6 @@ TENSOR_SPEC = TensorModelSpec(
 # --- fixtures ------------------------------------------------------------------------------------
 
 
-@dataclass
-class Gateway:
-    config: GatewayConfig
-    server: uvicorn.Server
-
-    @property
-    def grpc_target(self) -> str:
-        return f"127.0.0.1:{self.config.grpc_port}"
-
-
 @pytest.fixture
 async def gateway(nats_url: str, subjects: Subjects) -> AsyncIterator[Gateway]:
     """The real gateway app (HTTP + gRPC) under uvicorn on free ports, in this event loop."""
@@ -229,27 +222,8 @@ async def gateway(nats_url: str, subjects: Subjects) -> AsyncIterator[Gateway]:
         gateway_id="gw1",
         shutdown_grace_s=1.0,
     )
-    app = create_app(config, bus=GatewayBus(config), serve_grpc=True)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=config.http_port,
-            http="httptools",
-            ws="none",
-            lifespan="on",
-            log_config=None,
-            access_log=False,
-        )
-    )
-    task = asyncio.create_task(server.serve())
-    await _until(lambda: server.started or task.done(), "uvicorn to start")
-    assert server.started, "gateway failed to start"
-    try:
-        yield Gateway(config, server)
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, WAIT_S * 2)
+    async with served_gateway(config, serve_grpc=True) as gateway:
+        yield gateway
 
 
 @pytest.fixture
@@ -331,14 +305,6 @@ async def cancels(nc: Client, subjects: Subjects) -> asyncio.Queue[Cancel]:
     await nc.subscribe(subjects.cancel, cb=on_cancel)
     await nc.flush()
     return queue
-
-
-async def _until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def _until_ready(stub: pb_grpc.GRPCInferenceServiceStub, model: str) -> None:
@@ -832,7 +798,7 @@ async def test_sigterm_lets_an_open_stream_finish_then_exits(
             await call.write(text_request(request_id="r1"))
             first = await asyncio.wait_for(call.read(), WAIT_S)
             proc.send_signal(signal.SIGTERM)
-            await _until(lambda: "shutdown_started" in _text(log_path), "SIGTERM")
+            await until(lambda: "shutdown_started" in _text(log_path), "SIGTERM")
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await stub.ModelInfer(text_request(), timeout=WAIT_S)
             downstream.release.set()
