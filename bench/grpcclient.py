@@ -119,12 +119,7 @@ class _Client:
                     break
                 text, finish = text_outputs(message.infer_response)
                 if text:
-                    now = time.perf_counter()
-                    if last is None:
-                        rec.ttft_s = now - t0
-                    else:
-                        rec.gaps_s.append(now - last)
-                    last = now
+                    last = rec.text_arrived(t0, last)
                 if finish is not None:
                     counts = message.infer_response.parameters
                     if "completion_tokens" in counts:

@@ -21,6 +21,15 @@ class Record:
     cached_tokens: int = 0
     error: str | None = None
 
+    def text_arrived(self, t0: float, last: float | None) -> float:
+        """Text came now: the TTFT (first text since ``t0``) or a gap since ``last``; now."""
+        now = time.perf_counter()
+        if last is None:
+            self.ttft_s = now - t0
+        else:
+            self.gaps_s.append(now - last)
+        return now
+
 
 class Connection:
     """One kept-alive connection; ``stream_chat`` posts a body and reads the SSE reply."""
@@ -95,12 +104,7 @@ def _on_event(rec: Record, obj: dict[str, Any], t0: float, last: float | None) -
     for choice in obj.get("choices") or []:
         text = (choice.get("delta") or {}).get("content") or choice.get("text")
         if text:
-            now = time.perf_counter()
-            if last is None:
-                rec.ttft_s = now - t0
-            else:
-                rec.gaps_s.append(now - last)
-            return now
+            return rec.text_arrived(t0, last)
     return last
 
 
