@@ -39,14 +39,13 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from bench.publisher import CONTROL, wait_for_publisher
+from bench.publisher import CONTROL, publisher_child, wait_for_publisher
 from shared import codec
 from shared.messages import Cancel
 from tests.support import nats_server
@@ -274,17 +273,8 @@ def main() -> None:
         ),
     ):
         publisher = ["--publisher", url, "--messages", str(args.messages)]
-        child = subprocess.Popen(
-            [sys.executable, "-m", "bench.faststream_cost", *publisher],
-            cwd=ROOT,
-        )
-        try:
+        with publisher_child("bench.faststream_cost", publisher, ROOT) as child:
             _run(run(url, args, child))
-            child.wait(timeout=10)
-        finally:
-            if child.poll() is None:
-                child.terminate()
-                child.wait(timeout=10)
     _emit(bench="faststream_cost", loadavg_end=[round(x, 2) for x in os.getloadavg()])
 
 

@@ -53,7 +53,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from structlog.contextvars import bind_contextvars, bound_contextvars, reset_contextvars
 
-from bench.publisher import CONTROL, wait_for_publisher
+from bench.publisher import CONTROL, publisher_child, wait_for_publisher
 from shared import codec
 from shared.bus import connect
 from shared.errors import InternalError, ServiceError
@@ -376,17 +376,9 @@ def main() -> None:
                     "--messages",
                     str(args.messages),
                 ]
-                child = subprocess.Popen(
-                    [sys.executable, "-m", "bench.handler_cost", *publisher],
-                    cwd=Path(__file__).resolve().parents[1],
-                )
-                try:
+                root = Path(__file__).resolve().parents[1]
+                with publisher_child("bench.handler_cost", publisher, root) as child:
                     _run(run_nats(url, args, child))
-                    child.wait(timeout=10)
-                finally:
-                    if child.poll() is None:
-                        child.terminate()
-                        child.wait(timeout=10)
         _emit(bench="handler_cost", loadavg_end=[round(x, 2) for x in os.getloadavg()])
 
 
