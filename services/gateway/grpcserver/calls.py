@@ -2,7 +2,7 @@
 
 ``Call`` is both the stream's handler (length-prefixed messages in, RST_STREAM) and the
 ``context`` a servicer method gets: ``abort``, ``time_remaining``, ``invocation_metadata``,
-``set_trailing_metadata``, ``set_code``/``set_details``, ``write``/``read``, ``cancelled``. So
+``set_trailing_metadata``, ``set_code``/``set_details`` and ``write``. So
 servicers written for ``grpc.aio`` — ours, and grpcio's health and reflection servicers — run
 unchanged, from the handlers that generated ``add_*Servicer_to_server`` functions register.
 
@@ -391,11 +391,6 @@ class Call:
             self._sending = None
             sending.set_result(None)
 
-    async def read(self) -> Any:
-        """The next request of a streaming method, or ``grpc.aio.EOF``."""
-        data = await self._next()
-        return grpc.aio.EOF if data is None else self._parse(data)
-
     async def abort(
         self, code: grpc.StatusCode, details: str = "", trailing_metadata: Metadata = ()
     ) -> NoReturn:
@@ -419,15 +414,3 @@ class Call:
 
     def set_details(self, details: str) -> None:
         self._details = details
-
-    def code(self) -> grpc.StatusCode | None:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-    def cancelled(self) -> bool:
-        return self._finished and not self._stream.is_local_closed
-
-    def done(self) -> bool:
-        return self._finished
