@@ -5,6 +5,9 @@ nats-server answers a publish that nobody receives with a 503 status message, bu
 (preprocessor → router, router → worker) sets the reply subject to its own per-instance bounce
 subject and keeps a little context per request for a few seconds; a bounce calls ``on_bounce``
 (tell the formatter, or retry another worker). Costs nothing unless a hop is missing.
+
+``Unreachable`` is the same without the context: for messages sent many times per request
+(token batches, response chunks), whose sender can look the request up by its id itself.
 """
 
 from __future__ import annotations
@@ -27,6 +30,43 @@ log = structlog.get_logger(__name__)
 C = TypeVar("C")
 KEEP_S = 5.0
 """A bounce comes back within milliseconds; context older than this is dropped."""
+
+
+class Unreachable:
+    """Per-instance bounce subject; a bounce calls ``on_bounce(request_id, subject)``."""
+
+    def __init__(
+        self,
+        nc: Client,
+        subjects: Subjects,
+        on_bounce: Callable[[str, str], Awaitable[None]],
+        *,
+        instance_id: str | None = None,
+    ) -> None:
+        self._nc = nc
+        self._subjects = subjects
+        self._on_bounce = on_bounce
+        self.instance = instance_id or uuid.uuid4().hex[:12]
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        self._sub = await self._nc.subscribe(
+            self._subjects.bounce_all(self.instance), cb=self._on_msg
+        )
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+
+    def reply_for(self, request_id: str) -> str:
+        """The reply subject to publish ``request_id``'s messages with."""
+        return self._subjects.bounce(self.instance, request_id)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        missing = no_responders(msg)
+        if missing is not None:
+            await self._on_bounce(request_id_of(msg.subject), missing)
 
 
 class Bounces(Generic[C]):

@@ -120,10 +120,35 @@ class ShuttingDown(ServiceUnavailable):
     code = "shutting_down"
 
 
+class WorkerLost(ServiceUnavailable):
+    """The worker serving the request died and the request could not be migrated."""
+
+    code = "worker_lost"
+
+
+class FormatterLost(ServiceUnavailable):
+    """The formatter of the request died (its worker found nobody on the stream subject)."""
+
+    code = "formatter_lost"
+
+
+class Overloaded(_Unavailable):
+    """This instance already serves its limit of requests at once (the gateway's
+    ``--max-concurrent-requests``); refused before any work was done for it."""
+
+    code = "overloaded"
+
+
 class AllWorkersBusy(_Unavailable):
     """Every live worker of the model is over a busy threshold (Dynamo's load shedding)."""
 
     code = "all_workers_busy"
+
+
+class WorkerBusy(_Unavailable):
+    """One worker's queue is full (``--max-waiting``); another worker may take the request."""
+
+    code = "worker_busy"
 
 
 class AllWorkersOverloaded(AllWorkersBusy):

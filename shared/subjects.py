@@ -74,6 +74,20 @@ class Subjects:
         """Router -> one worker."""
         return f"{self._p}.worker.{worker_id}.generate"
 
+    def worker_ping(self, worker_id: str) -> str:
+        """Router -> one worker, request/reply: are you there? ("no responders" = gone)."""
+        return f"{self._p}.worker.{worker_id}.ping"
+
+    @property
+    def worker_lost(self) -> str:
+        """Router -> formatters and peer routers (broadcast): ``WorkerLost``."""
+        return f"{self._p}.worker_lost"
+
+    @property
+    def migrations(self) -> str:
+        """Formatter -> bus: one ``Migrated`` per request routed again (for ``jetserve tap``)."""
+        return f"{self._p}.migrations"
+
     def tensor_infer(self, worker_id: str) -> str:
         """Gateway -> one tensor worker: ``TensorInfer`` (tensor models skip the LLM stages)."""
         return f"{self._p}.worker.{worker_id}.tensor"

@@ -29,7 +29,11 @@ class RequestFormatter:
         "_started",
         "cached_tokens",
         "finish_reason",
+        "generated",
+        "index_base",
         "last_seen",
+        "lost_workers",
+        "migrations",
         "next_index",
         "open",
         "started_at",
@@ -58,6 +62,13 @@ class RequestFormatter:
         self.cached_tokens = 0
         self.next_index = 0
         """Index the next batch should start at; a different one means a lost or repeated batch."""
+        self.generated: list[int] | None = [] if open_.generate is not None else None
+        """Every token id so far, kept only when the request may migrate (decision 017)."""
+        self.index_base = 0
+        """Tokens generated before the current attempt (its worker counts from 0)."""
+        self.migrations = 0
+        self.lost_workers: set[str] = set()
+        """Workers this request was taken from: their late batches are dropped."""
         self.finish_reason: str | None = None
         """Set once the request is finished (then the caller drops this state)."""
         self.started_at = now
@@ -80,9 +91,11 @@ class RequestFormatter:
                 ``cancelled``: there is no valid OpenAI body for it.
         """
         self.last_seen = now
-        self.next_index = batch.index + len(batch.token_ids)
-        if batch.cached_tokens:
+        self.next_index = self.index_base + batch.index + len(batch.token_ids)
+        if batch.cached_tokens and not self.migrations:
             self.cached_tokens = batch.cached_tokens
+        if self.generated is not None:
+            self.generated.extend(batch.token_ids)
         if batch.worker_id:
             self.worker_id = batch.worker_id
         detok = self._detok
@@ -94,6 +107,19 @@ class RequestFormatter:
         if self._is_stream:
             return self._frames(text, finish)
         return self._collect(text, finish)
+
+    def position(self, batch: TokenBatch) -> int:
+        """Where ``batch`` starts in the request's whole generated sequence."""
+        return self.index_base + batch.index
+
+    def migrated(self, from_worker: str, now: float) -> None:
+        """The request was routed again: the next worker counts its batches from 0."""
+        self.migrations += 1
+        if from_worker:
+            self.lost_workers.add(from_worker)
+        self.index_base = self.next_index
+        self.worker_id = ""
+        self.last_seen = now
 
     def _frames(self, text: str, finish: str | None) -> bytes:
         shaper = self._shaper

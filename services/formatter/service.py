@@ -5,6 +5,11 @@ with each open, event and cancel is decided by ``streams.Streams`` (pure), the f
 ``request.py`` / ``detokenizer.py`` / ``chunks.py``. ``StreamOpen`` comes either as a
 queue-group request (answered with ``StreamOpened``) or on this instance's direct subject,
 unanswered, in which case its token batches may arrive first (decision 013).
+
+Migration (decision 017, ``migration.py``): when a router says a request's worker is lost
+(``WorkerLost``), or the worker gave it up while draining, the request is routed again with
+what it generated so far; the client's stream goes on. Chunks go out with a bounce subject:
+a gateway that died is noticed at the next chunk and its requests stopped.
 """
 
 from __future__ import annotations
@@ -16,24 +21,37 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from prometheus_client import Counter
 from structlog.contextvars import bound_contextvars
 
 from services.formatter.config import FormatterConfig
+from services.formatter.migration import RETRYABLE_CODES, NotMigrated, next_attempt
 from services.formatter.request import RequestFormatter
 from services.formatter.streams import Dropped, Held, Ignore, Streams
 from services.formatter.tokenizer_cache import TokenizerCache
 from shared import codec
+from shared.bounce import Unreachable
 from shared.bus import barrier
-from shared.errors import ServiceError, ShuttingDown, UpstreamTimeout
+from shared.errors import (
+    ServiceError,
+    ServiceUnavailable,
+    ShuttingDown,
+    UpstreamTimeout,
+    WorkerLost,
+)
 from shared.handlers import Boundary
 from shared.messages import (
     Cancel,
     FormatterLeaving,
+    Generate,
     Message,
+    Migrated,
+    MigrationKind,
     RequestFailed,
     ResponseChunk,
     StreamOpen,
@@ -41,6 +59,7 @@ from shared.messages import (
     TokenBatch,
     WorkerEvent,
 )
+from shared.messages import WorkerLost as WorkerLostNotice
 from shared.metrics import ServiceMetrics
 from shared.registry import ModelFiles
 from shared.subjects import Subjects
@@ -55,6 +74,7 @@ LEAVE_GRACE_S = 0.05
 ones already on their way before draining."""
 STREAM_OPEN = codec.decoder(StreamOpen)
 CANCEL = codec.decoder(Cancel)
+WORKER_LOST = codec.decoder(WorkerLostNotice)
 
 
 class FormatterService:
@@ -86,6 +106,16 @@ class FormatterService:
         self._closing = False
         self._drained = asyncio.Event()
         """Set, while closing, once the last in-flight request is gone."""
+        self.migrations = Counter(
+            "jetserve_formatter_migrations_total",
+            "Requests routed again after their worker was lost (decision 017): new_request = "
+            "before any token, ongoing = mid-stream",
+            ["kind"],
+            registry=self.metrics.registry,
+        )
+        self._unreachable = Unreachable(
+            nc, subjects, self._on_bounce, instance_id=f"{config.formatter_id}-f"
+        )
         self._is_debug = log.is_enabled_for(logging.DEBUG)
         boundary = self._boundary = Boundary(nc, self.metrics)
         self._on_stream_msg = boundary.handler(
@@ -96,6 +126,7 @@ class FormatterService:
             after_failure=self._abandon,
         )
         self._on_cancel_msg = boundary.handler(CANCEL, "cancel", self.on_cancel)
+        self._on_lost_msg = boundary.handler(WORKER_LOST, "worker_lost", self.on_worker_lost)
         self._on_open_direct_msg = boundary.handler(
             STREAM_OPEN,
             "stream_open",
@@ -126,6 +157,8 @@ class FormatterService:
             await nc.subscribe(subjects.stream_all(formatter_id), cb=self._on_stream_msg)
         )
         self._subs.append(await nc.subscribe(subjects.cancel, cb=self._on_cancel_msg))
+        self._subs.append(await nc.subscribe(subjects.worker_lost, cb=self._on_lost_msg))
+        await self._unreachable.start()
         self._open_sub = await nc.subscribe(
             subjects.formatter_open, queue=QUEUE_GROUP, cb=self._on_open_msg
         )
@@ -162,6 +195,7 @@ class FormatterService:
             await self._fail(state, ShuttingDown("the formatter is shutting down"))
         for sub in self._subs:
             await sub.unsubscribe()
+        await self._unreachable.stop()
         await self._tasks.close()
 
     # --- handlers (decoded, request id bound, counted, failures answered by the Boundary) ----
@@ -229,9 +263,86 @@ class FormatterService:
             _log_not_delivered(found)
 
     async def on_cancel(self, cancel: Cancel) -> None:
-        """Broadcast Cancel: forget the request; an open that comes after it is ignored."""
+        """Broadcast Cancel: forget the request; an open that comes after it is ignored.
+
+        A cancel of one worker's attempt (``worker_id`` set) is ours, sent when migrating.
+        """
+        if cancel.worker_id is not None:
+            return
         if self._end(cancel.request_id) is not None and self._is_debug:
             log.debug("request_cancelled", reason=cancel.reason)
+
+    async def on_worker_lost(self, lost: WorkerLostNotice) -> None:
+        """A router found a worker lost: migrate each of its requests that is ours."""
+        for request_id in lost.request_ids:
+            state = self._streams.get(request_id)
+            if state is None or lost.worker_id in state.lost_workers:
+                continue
+            if state.worker_id not in ("", lost.worker_id):
+                continue  # its batches come from another worker: it is not there any more
+            with bound_contextvars(request_id=request_id):
+                await self._move(state, lost.worker_id, f"worker_lost:{lost.reason}")
+
+    # --- migration -----------------------------------------------------------------------------
+
+    async def _move(self, state: RequestFormatter, from_worker: str, reason: str) -> None:
+        """Migrate the request, or fail it with ``worker_lost`` when it may not move."""
+        outcome = await self._migrate(state, from_worker, reason)
+        if isinstance(outcome, NotMigrated):
+            log.warning("request_not_migrated", worker_id=from_worker, why=outcome.reason)
+            error = WorkerLost(f"the worker serving this request was lost; {outcome.reason}")
+            await self._fail(state, error)
+
+    async def _migrate(
+        self, state: RequestFormatter, from_worker: str, reason: str
+    ) -> Generate | NotMigrated:
+        """Route the request again from where it stopped; one log line, one bus message."""
+        request_id = state.open.request_id
+        stream_to = self._subjects.stream(self._config.formatter_id, request_id)
+        attempt = next_attempt(state.open, state.generated or (), state.migrations, stream_to)
+        if isinstance(attempt, NotMigrated):
+            return attempt
+        kind: MigrationKind = "ongoing" if state.next_index else "new_request"
+        state.migrated(from_worker, self._clock())
+        nc, subjects = self._nc, self._subjects
+        if from_worker:  # stop that attempt if the worker is only hung; routers free its slot
+            stale = Cancel(request_id=request_id, reason="migrated", worker_id=from_worker)
+            await nc.publish(subjects.cancel, codec.encode(stale))
+        reply = self._unreachable.reply_for(request_id)
+        await nc.publish(subjects.route, codec.encode(attempt), reply=reply)
+        notice = Migrated(
+            request_id=request_id,
+            kind=kind,
+            from_worker=from_worker,
+            reason=reason,
+            attempt=state.migrations,
+            generated_tokens=attempt.resumed_tokens,
+            formatter_id=self._config.formatter_id,
+        )
+        await nc.publish(subjects.migrations, codec.encode(notice))
+        self.migrations.labels(kind).inc()
+        log.info(
+            "request_migrated",
+            kind=kind,
+            from_worker=from_worker,
+            reason=reason,
+            attempt=state.migrations,
+            generated_tokens=attempt.resumed_tokens,
+        )
+        return attempt
+
+    async def _on_bounce(self, request_id: str, subject: str) -> None:
+        """Nobody took a migrated ``Generate`` (no router), or a chunk (the gateway is gone)."""
+        state = self._streams.get(request_id)
+        if state is None:
+            return
+        with bound_contextvars(request_id=request_id):
+            if subject == self._subjects.route:
+                await self._fail(state, ServiceUnavailable("no router is running"))
+                return
+            log.warning("gateway_gone", subject=subject)
+            self._end(request_id)
+            await self._cancel_worker(request_id, "gateway_gone")
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -256,10 +367,20 @@ class FormatterService:
     async def _deliver(self, state: RequestFormatter, event: WorkerEvent, now: float) -> bool:
         """Apply one event to its request, send what it gives; False once the request ended."""
         if not isinstance(event, TokenBatch):
+            if event.code in RETRYABLE_CODES and state.open.generate is not None:
+                outcome = await self._migrate(state, state.worker_id, event.code)
+                if not isinstance(outcome, NotMigrated):
+                    return True
             await self._forward_failure(state, event)
             return False
-        if event.index != state.next_index:
-            log.warning("token_batch_gap", expected=state.next_index, got=event.index)
+        if event.worker_id in state.lost_workers:
+            return True  # a late batch from an attempt we moved away from
+        if event.finish_reason == "cancelled" and state.open.generate is not None:
+            # The worker gave the request up on its own (a drain that ran out of time).
+            return await self._resume_cancelled(state, event, now)
+        position = state.position(event)
+        if position != state.next_index:
+            log.warning("token_batch_gap", expected=state.next_index, got=position)
         try:
             data = state.on_batch(event, now)
         except ServiceError as exc:
@@ -268,10 +389,24 @@ class FormatterService:
         if state.finish_reason is None:
             if data:
                 chunk = ResponseChunk(request_id=event.request_id, data=data)
-                await self._nc.publish(state.open.reply_to, codec.encode(chunk))
+                reply = self._unreachable.reply_for(event.request_id)
+                await self._nc.publish(state.open.reply_to, codec.encode(chunk), reply=reply)
             return True
         await self._finish(state, data)
         return False
+
+    async def _resume_cancelled(
+        self, state: RequestFormatter, batch: TokenBatch, now: float
+    ) -> bool:
+        """Keep the batch's tokens, then migrate; a request that may not move ends cancelled."""
+        kept = msgspec.structs.replace(batch, finish_reason=None)
+        if batch.token_ids and not await self._deliver(state, kept, now):
+            return False
+        if not isinstance(
+            await self._migrate(state, batch.worker_id, "worker_cancelled"), NotMigrated
+        ):
+            return True
+        return await self._deliver(state, msgspec.structs.replace(batch, token_ids=()), now)
 
     async def _finish(self, state: RequestFormatter, data: bytes) -> None:
         """Send the last chunk, with the token counts (the gateway's access line, gRPC's

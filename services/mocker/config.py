@@ -37,6 +37,12 @@ class MockerConfig(CommonConfig):
         1.0, "Divide every simulated time by this (0 = never sleep)", ge=0
     )
     max_num_seqs: int = setting(256, "Most requests running at once per worker", ge=1)
+    max_waiting: int = setting(
+        1024,
+        "Most requests queued (not yet running) per worker; more get a retryable 503 "
+        "(worker_busy) that the formatter routes elsewhere. 0 = no bound",
+        ge=0,
+    )
     max_num_batched_tokens: int = setting(8192, "Token budget per engine step", ge=1)
     block_size: int = setting(16, "KV block size in tokens", ge=1)
     num_gpu_blocks_override: int = setting(16384, "Simulated KV cache size in blocks", ge=1)

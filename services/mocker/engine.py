@@ -105,8 +105,13 @@ class Engine:
         *,
         hash_seed: int = SEED,
         lora_name: str | None = None,
+        resumed_tokens: int = 0,
     ) -> None:
-        """Queue a request; its output starts at a corpus offset drawn from its seed."""
+        """Queue a request; its output starts at a corpus offset drawn from its seed.
+
+        ``resumed_tokens``: the prompt's last tokens were generated before a migration; the
+        output goes on from where they left off, as if the request had never moved.
+        """
         if request_id in self._by_id:
             raise EngineError(f"request {request_id} is already in the engine")
         if not prompt:
@@ -115,17 +120,22 @@ class Engine:
             raise EngineError("max_tokens must be at least 1")
         if len(prompt) + 1 > self.config.kv_capacity_tokens:
             raise EngineError("the prompt does not fit in the KV cache")
+        if not 0 <= resumed_tokens < len(prompt):
+            raise EngineError("resumed_tokens must be below the prompt length")
+        original = prompt[: len(prompt) - resumed_tokens]
         seq = EngineRequest(
             request_id=request_id,
             prompt=tuple(prompt),
             sampling=sampling,
             eos_token_id=self._eos_for(sampling),
-            cursor=self.start_offset(prompt, sampling),
+            cursor=self.start_offset(original, sampling),
             arrival_s=self._clock(),
             block_size=self.config.block_size,
             hash_seed=hash_seed,
             lora_name=lora_name,
         )
+        if resumed_tokens:
+            seq.skip_generated(self._corpus, resumed_tokens)
         self._waiting.append(seq)
         self._by_id[request_id] = seq
         self.stats.prompt_tokens += len(prompt)

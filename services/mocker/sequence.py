@@ -91,6 +91,22 @@ class EngineRequest:
             self.block_hashes.append(next_sequence_hash(parent, local))
         return self.block_hashes[:count]
 
+    def skip_generated(self, corpus: tuple[int, ...], count: int) -> None:
+        """Move past ``count`` tokens emitted before a migration (decision 017).
+
+        None of them ended the request, so at each one a stop id was skipped and the corpus end
+        wrapped around, as ``next_token`` does while the request may not stop.
+        """
+        stops = self.sampling.stop_token_ids
+        for _ in range(count):
+            for _ in range(2 * len(corpus) + 1):
+                if self.cursor >= len(corpus):
+                    self.cursor = 0
+                token = corpus[self.cursor]
+                self.cursor += 1
+                if token not in stops:
+                    break
+
     def next_token(self, corpus: tuple[int, ...]) -> tuple[int, int | None]:
         """The next corpus token, or EOS at the corpus end; a stop id also returns itself."""
         sampling = self.sampling

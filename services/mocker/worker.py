@@ -4,6 +4,10 @@ The loop steps the engine, sleeps and flushes when ``pacing.Pacer`` says (decisi
 KV events to the publisher without waiting, and publishes lifecycle and load. The handlers sit
 on the shared boundary (``shared.handlers``): a rejected request is answered on its stream and
 its slot freed (phase ``finished``) there.
+
+Liveness (decision 017): ``ping`` answers routers' probes until the very end of a drain; token
+batches go out with a bounce subject, so a formatter that died is noticed at the next batch:
+the request is cancelled here and its gateway told (``FormatterLost``).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import time
 
 import structlog
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from structlog.contextvars import bound_contextvars
 
@@ -25,14 +30,17 @@ from services.mocker.outbox import Outbox
 from services.mocker.pacing import Pacer
 from services.mocker.publisher import WorkerPublisher
 from shared import codec
+from shared.bounce import Unreachable
 from shared.bus import barrier
 from shared.errors import (
     ContextLengthExceeded,
+    FormatterLost,
     InternalError,
     InvalidRequest,
     ModelNotFound,
     ServiceError,
     ShuttingDown,
+    WorkerBusy,
 )
 from shared.handlers import Boundary
 from shared.hashing import salted_seed
@@ -63,6 +71,12 @@ def _stream_to(gen: Generate) -> str:
     return gen.stream_to
 
 
+async def _pong(msg: Msg) -> None:
+    """A router's liveness probe: answering at all is the answer."""
+    with contextlib.suppress(Exception):
+        await msg.respond(b"")
+
+
 class MockWorker:
     """One simulated GPU worker: its subscriptions, its engine loop and its registry card."""
 
@@ -89,8 +103,14 @@ class MockWorker:
             self.engine,
             metrics,
             kv_stream_limits=(config.kv_stream_max_age_s, config.kv_stream_max_bytes),
+            replicas=config.js_replicas,
         )
         self._outbox = Outbox(worker_id)
+        self._gateways: dict[str, str] = {}
+        """Per request: the gateway's reply subject, to tell it when the formatter is gone."""
+        self._unreachable = Unreachable(
+            nc, subjects, self._on_formatter_gone, instance_id=worker_id
+        )
         self._early_cancels = RecentIds(ttl_s=60.0)
         """Cancels for requests not (yet) here: a Generate that arrives after its cancel."""
         card = WorkerCard(
@@ -103,7 +123,11 @@ class MockWorker:
             context_length=model.context_length,
         )
         self._registration = WorkerRegistration(
-            nc.jetstream(), subjects, card, ttl_s=config.worker_ttl_s
+            nc.jetstream(),
+            subjects,
+            card,
+            ttl_s=config.worker_ttl_s,
+            replicas=config.js_replicas,
         )
         self._subs: list[Subscription] = []
         self._wake = asyncio.Event()
@@ -125,12 +149,15 @@ class MockWorker:
             after_failure=self._free_slot,
         )
         on_cancel = self._boundary.handler(codec.decoder(Cancel), "cancel", self.on_cancel)
+        await self._unreachable.start()
         # Tasks copy the context they start in: the subscriptions' (nats-py starts one per
         # subscription) and the engine loop's log lines carry the worker id.
         with bound_contextvars(worker_id=self.worker_id):
             generate = self._subjects.generate(self.worker_id)
             self._subs.append(await self._nc.subscribe(generate, cb=on_generate))
             self._subs.append(await self._nc.subscribe(self._subjects.cancel, cb=on_cancel))
+            ping = self._subjects.worker_ping(self.worker_id)
+            self._subs.append(await self._nc.subscribe(ping, cb=_pong))
             self._loop_task = asyncio.create_task(self._loop(), name=f"engine-{self.worker_id}")
         await barrier(self._nc)  # subscribed on the server before the card says "ready"
         await self._registration.start()
@@ -161,6 +188,7 @@ class MockWorker:
         for sub in self._subs[1:]:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+        await self._unreachable.stop()
         self.publisher.collect_kv_events()
         await self.publisher.stop()
         log.info("worker_stopped", worker_id=self.worker_id)
@@ -198,6 +226,9 @@ class MockWorker:
         if gen.request_id in self.engine or gen.request_id in self._outbox:
             log.warning("duplicate_request_ignored")
             return
+        limit = self._config.max_waiting
+        if limit and self.engine.num_waiting >= limit:
+            raise WorkerBusy(f"worker {self.worker_id} has {limit} requests queued")
         prompt_tokens = len(gen.token_ids)
         requested = prompt_tokens + gen.sampling.max_tokens
         if requested > self._model.context_length:
@@ -209,16 +240,26 @@ class MockWorker:
         seed = salted_seed(lora_name=lora_name, cache_salt=routing.cache_salt if routing else None)
         try:
             self.engine.add(
-                gen.request_id, gen.token_ids, gen.sampling, hash_seed=seed, lora_name=lora_name
+                gen.request_id,
+                gen.token_ids,
+                gen.sampling,
+                hash_seed=seed,
+                lora_name=lora_name,
+                resumed_tokens=gen.resumed_tokens,
             )
         except EngineError as exc:
             raise InvalidRequest(str(exc)) from exc
         self._outbox.open(gen.request_id, gen.stream_to, prompt_tokens=prompt_tokens)
+        if gen.reply_to:
+            self._gateways[gen.request_id] = gen.reply_to
         log.debug("request_received", prompt_tokens=prompt_tokens)
         self._idle.clear()
         self._wake.set()
 
     async def on_cancel(self, cancel: Cancel) -> None:
+        if cancel.worker_id is not None and cancel.worker_id != self.worker_id:
+            return  # another worker's attempt of a migrated request
+        self._gateways.pop(cancel.request_id, None)
         emission = self.engine.cancel(cancel.request_id)
         if emission is None:
             # Not ours (cancel is a broadcast), finished, or still on its way to us.
@@ -294,8 +335,10 @@ class MockWorker:
             if taken is None:
                 continue
             stream_to, batch = taken
-            await self._nc.publish(stream_to, codec.encode(batch))
+            reply = self._unreachable.reply_for(request_id)
+            await self._nc.publish(stream_to, codec.encode(batch), reply=reply)
             if batch.finish_reason is not None:
+                self._gateways.pop(request_id, None)
                 log.debug(
                     "request_finished",
                     request_id=request_id,
@@ -303,6 +346,23 @@ class MockWorker:
                     finish_reason=batch.finish_reason,
                     completion_tokens=batch.index + len(batch.token_ids),
                 )
+
+    async def _on_formatter_gone(self, request_id: str, subject: str) -> None:
+        """A batch bounced: nobody formats this request any more. Stop it, tell its gateway."""
+        gateway = self._gateways.pop(request_id, None)
+        emission = self.engine.cancel(request_id)
+        self._outbox.close(request_id)
+        if emission is None and gateway is None:
+            return  # finished meanwhile, or already handled (one bounce per batch in flight)
+        with bound_contextvars(request_id=request_id, worker_id=self.worker_id):
+            log.warning("formatter_gone", subject=subject)
+        if emission is not None:
+            await self._phases([emission])
+        if gateway is not None:
+            failure = FormatterLost("the formatter of this request stopped")
+            await self._nc.publish(gateway, codec.encode(failure.to_message(request_id)))
+        if not self.engine.has_work:
+            self._idle.set()
 
     async def _fail_all(self) -> None:
         failed = InternalError("the simulated engine failed")

@@ -26,3 +26,15 @@ class PreprocessorConfig(CommonConfig):
         "Send StreamOpen straight to a known formatter without waiting for its answer "
         "(decision 013); --no-direct-open = always the request/reply handshake",
     )
+    migration_limit: int = setting(
+        3,
+        "How many times a request may be routed again when its worker is lost (Dynamo's "
+        "--migration-limit; decision 017). 0 = never: the request fails with worker_lost",
+        ge=0,
+    )
+    migration_max_seq_len: int = setting(
+        0,
+        "Do not migrate a request whose prompt + generated tokens exceed this "
+        "(Dynamo's --migration-max-seq-len); 0 = no limit",
+        ge=0,
+    )

@@ -124,8 +124,12 @@ def check_token_ids(ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def stream_open(req: Preprocess, prepared: Prepared) -> StreamOpen:
-    """What the formatter needs to shape this request's output."""
+def stream_open(
+    req: Preprocess, prepared: Prepared, *, migration_limit: int = 0, max_seq_len: int = 0
+) -> StreamOpen:
+    """What the formatter needs to shape this request's output (and, with a migration limit,
+    to route it again: the ``Generate``, whose ``stream_to`` the formatter fills in)."""
+    migratable = migration_limit > 0 and req.worker_id is None
     return StreamOpen(
         request_id=req.request_id,
         api=req.api,
@@ -136,6 +140,9 @@ def stream_open(req: Preprocess, prepared: Prepared) -> StreamOpen:
         output=req.output,
         max_tokens=prepared.sampling.max_tokens,
         prompt_text=prepared.prompt_text,
+        generate=generate(req, prepared, "") if migratable else None,
+        migration_limit=migration_limit if migratable else 0,
+        migration_max_seq_len=max_seq_len,
     )
 
 
@@ -149,6 +156,7 @@ def generate(req: Preprocess, prepared: Prepared, stream_to: str) -> Generate:
         stream_to=stream_to,
         worker_id=req.worker_id,
         routing=req.routing,
+        reply_to=req.reply_to,
     )
 
 

@@ -152,7 +152,14 @@ class Preprocessor:
         if req.deadline_ms and self._clock() * 1000 > req.deadline_ms:
             raise UpstreamTimeout("the request expired before it was preprocessed")
         prepared = await self._prepare(req)
-        stream_to = await self._open_stream(stream_open(req, prepared))
+        config = self._config
+        open_msg = stream_open(
+            req,
+            prepared,
+            migration_limit=config.migration_limit,
+            max_seq_len=config.migration_max_seq_len,
+        )
+        stream_to = await self._open_stream(open_msg)
         data = codec.encode(generate(req, prepared, stream_to))
         # With no router the server bounces this to us at once; we tell the formatter.
         reply = self._bounces.reply_for(req.request_id, stream_to)

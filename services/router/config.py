@@ -99,6 +99,16 @@ class RouterConfig(CommonConfig):
         aliases=("JETSERVE_KV_STREAM_MAX_BYTES",),
     )
     dump_timeout_s: float = setting(2.0, "Wait this long for a worker's KV dump", gt=0)
+    probe_interval_s: float = setting(
+        0.25,
+        "Probe the workers with requests in flight this often (NATS request to their ping "
+        'subject; "no responders" = the worker is lost and its requests migrate)',
+        gt=0,
+    )
+    probe_timeout_s: float = setting(1.0, "A probe without an answer after this long failed", gt=0)
+    worker_unresponsive_s: float = setting(
+        5.0, "A worker whose probes fail for this long is lost (hung, not only dead)", gt=0
+    )
     catchup_timeout_s: float = setting(
         10.0, "At start, replay the KV stream at most this long before routing", ge=0
     )

@@ -121,9 +121,18 @@ class ActiveLoad:
             self.free(request_id)
         return stale
 
+    def worker_of(self, request_id: str) -> str | None:
+        """The worker a tracked request was routed to."""
+        req = self._requests.get(request_id)
+        return req.worker_id if req is not None else None
+
+    def requests_on(self, worker_id: str) -> list[str]:
+        """The tracked requests routed to ``worker_id``."""
+        return [rid for rid, req in self._requests.items() if req.worker_id == worker_id]
+
     def remove_worker(self, worker_id: str) -> int:
         """Forget every request of a worker that left; returns how many."""
-        gone = [rid for rid, req in self._requests.items() if req.worker_id == worker_id]
+        gone = self.requests_on(worker_id)
         for request_id in gone:
             self.free(request_id)
         return len(gone)

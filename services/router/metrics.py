@@ -64,6 +64,12 @@ class RouterMetrics:
             "Requests in flight as this replica accounts them (all replicas' decisions)",
             registry=registry,
         )
+        self.workers_lost = Counter(
+            "jetserve_router_workers_lost_total",
+            "Workers this replica found lost, by reason (no_responders, unresponsive)",
+            ["reason"],
+            registry=registry,
+        )
         self.snapshots = Counter(
             "jetserve_router_snapshots_total",
             "Index snapshots written by this replica",

@@ -2,7 +2,9 @@
 
 Besides requests, every replica listens to what keeps replicas in agreement: the KV event stream
 (``KvFeed``), every peer's ``RouteDecision``, workers' lifecycle events and load reports, cancels
-and the worker registry. The lease holder snapshots the index (``SnapshotWriter``). Every
+and the worker registry. It probes the workers it has requests on (``liveness.py``); a lost
+worker's load is freed at once and ``WorkerLost`` names its requests, which their formatters
+migrate (decision 017). The lease holder snapshots the index (``SnapshotWriter``). Every
 subscription goes through the shared handler boundary (``shared.handlers``).
 """
 
@@ -16,6 +18,7 @@ import time
 from collections.abc import Callable
 
 import msgspec
+import nats.errors
 import structlog
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
@@ -24,6 +27,7 @@ from structlog.contextvars import bound_contextvars
 from services.router.config import RouterConfig
 from services.router.core import CoreSettings, RoutingCore
 from services.router.kv_feed import KvFeed
+from services.router.liveness import Liveness
 from services.router.load import ActiveLoad, BusyThresholds, WorkerReports
 from services.router.metrics import RouterMetrics
 from services.router.snapshots import SnapshotWriter, load_snapshot
@@ -34,7 +38,15 @@ from shared.bounce import Bounces
 from shared.bus import barrier
 from shared.errors import InternalError, NoWorkerAvailable, ServiceError
 from shared.handlers import Boundary
-from shared.messages import Cancel, Generate, RequestPhase, RouteDecision, WorkerCard, WorkerLoad
+from shared.messages import (
+    Cancel,
+    Generate,
+    RequestPhase,
+    RouteDecision,
+    WorkerCard,
+    WorkerLoad,
+    WorkerLost,
+)
 from shared.metrics import ServiceMetrics
 from shared.registry import WorkerDirectory, is_live
 from shared.subjects import Subjects
@@ -108,6 +120,7 @@ class Router:
         self._bounces: Bounces[Attempt] = Bounces(nc, self._subjects, self._on_worker_missing)
         self._tasks = TaskSet()
         self._workers = WorkerTracker(config.worker_ttl_s)
+        self.liveness = Liveness(config.worker_unresponsive_s)
         self._is_debug = log.is_enabled_for(logging.DEBUG)
         """Per-request lines are DEBUG; at INFO their fields are not even built."""
 
@@ -120,8 +133,8 @@ class Router:
         return self.metrics.base
 
     def live(self, model: str) -> list[WorkerCard]:
-        """The live workers of ``model`` as this replica sees them."""
-        return self._directory.live(model)
+        """The live workers of ``model`` as this replica sees them (lost ones left out)."""
+        return [c for c in self._directory.live(model) if not self.liveness.is_lost(c)]
 
     async def start(self) -> None:
         """Rebuild state (snapshot + stream), follow peers and workers, then take requests."""
@@ -133,12 +146,14 @@ class Router:
             subjects.lifecycle_all: on(codec.decoder(RequestPhase), "phase", self.on_phase),
             subjects.load_all: on(codec.decoder(WorkerLoad), "load", self.on_load),
             subjects.cancel: on(codec.decoder(Cancel), "cancel", self.on_cancel),
+            subjects.worker_lost: on(codec.decoder(WorkerLost), "worker_lost", self.on_lost),
         }
         for subject, callback in follow.items():
             self._subs.append(await self._nc.subscribe(subject, cb=callback))
         await self._directory.start()
         await self._bounces.start()
         self._tasks.spawn(self._sweep_loop(), name="router-sweeper")
+        self._tasks.spawn(self._probe_loop(), name="router-prober")
         on_route = on(codec.decoder(Generate), "route", self.on_route, reply_to=_stream_to)
         self._route_sub = await self._nc.subscribe(subjects.route, queue=QUEUE_GROUP, cb=on_route)
         await barrier(self._nc)  # the server knows the subscriptions before we say "started"
@@ -152,7 +167,7 @@ class Router:
     async def _start_kv_feed(self) -> None:
         config = self._config
         js = self._nc.jetstream()
-        snapshot = await load_snapshot(js, self._subjects)
+        snapshot = await load_snapshot(js, self._subjects, replicas=config.js_replicas)
         if snapshot is not None:
             self.core.sync = KvSync.restore(snapshot)
             log.info("snapshot_loaded", stream_seq=snapshot.stream_seq, by=snapshot.router_id)
@@ -177,6 +192,7 @@ class Router:
             router_id=self.router_id,
             interval_s=config.snapshot_interval_s,
             lease_ttl_s=config.lease_ttl_s,
+            replicas=config.js_replicas,
             clock=self._clock,
         )
         await self.snapshots.start()
@@ -210,7 +226,7 @@ class Router:
     async def _route(self, gen: Generate, tried: tuple[str, ...]) -> None:
         """Send ``gen`` to a live worker not in ``tried``; raises ``ServiceError`` if none."""
         now = self._clock()
-        live = [c for c in self._directory.live(gen.model) if c.worker_id not in tried]
+        live = [c for c in self.live(gen.model) if c.worker_id not in tried]
         decision = self.core.decide(gen, live, now=now, rng=self.rng_for(gen.request_id))
         self.core.commit(decision, now)
         routed = msgspec.structs.replace(gen, worker_id=decision.worker_id)
@@ -239,6 +255,7 @@ class Router:
         with bound_contextvars(request_id=request_id):
             log.warning("worker_unreachable", worker_id=tried[-1], subject=subject)
             self.core.on_cancel(request_id)
+            await self._lose(tried[-1], "no_responders")
             try:
                 if gen.worker_id is not None or len(tried) >= MAX_ATTEMPTS:
                     raise NoWorkerAvailable(f"worker {tried[-1]} is unreachable")
@@ -263,14 +280,68 @@ class Router:
         self.core.on_load(report, self._clock())
 
     async def on_cancel(self, cancel: Cancel) -> None:
-        self.core.on_cancel(cancel.request_id)
+        worker_id = cancel.worker_id
+        if worker_id is None or self.core.load.worker_of(cancel.request_id) == worker_id:
+            self.core.on_cancel(cancel.request_id)
+
+    async def on_lost(self, lost: WorkerLost) -> None:
+        """A peer found a worker lost: leave it out and free its load here too."""
+        if lost.router_id != self.router_id and self.liveness.lose(lost.worker_id, self._clock()):
+            self.core.remove_worker(lost.worker_id)
+            log.info("worker_lost_by_peer", worker_id=lost.worker_id, by=lost.router_id)
+
+    # --- liveness ------------------------------------------------------------------------------
+    async def _probe_loop(self) -> None:
+        interval_s = self._config.probe_interval_s
+        while True:
+            await asyncio.sleep(interval_s)
+            for worker_id in self.liveness.due(self.core.load.workers(), self._clock()):
+                self._tasks.spawn(self._probe(worker_id), name=f"probe-{worker_id}")
+
+    async def _probe(self, worker_id: str) -> None:
+        """Ping one worker: an answer, "no responders" (lost now), or a timeout (silence)."""
+        try:
+            await self._nc.request(
+                self._subjects.worker_ping(worker_id), b"", timeout=self._config.probe_timeout_s
+            )
+        except nats.errors.NoRespondersError:
+            await self._lose(worker_id, "no_responders")
+        except nats.errors.TimeoutError:
+            if self.liveness.timed_out(worker_id, self._clock()):
+                await self._lose(worker_id, "unresponsive")
+        except nats.errors.Error as exc:  # disconnected: nothing learned about the worker
+            self.liveness.dropped(worker_id)
+            log.debug("probe_not_sent", worker_id=worker_id, error=str(exc))
+        else:
+            self.liveness.answered(worker_id)
+
+    async def _lose(self, worker_id: str, reason: str) -> None:
+        """Leave the worker out, free its load, and tell formatters which requests were on it."""
+        request_ids = tuple(self.core.load.requests_on(worker_id))
+        if not self.liveness.lose(worker_id, self._clock()):
+            return
+        self.core.remove_worker(worker_id)
+        self.metrics.workers_lost.labels(reason).inc()
+        log.warning("worker_lost", worker_id=worker_id, reason=reason, requests=len(request_ids))
+        lost = WorkerLost(
+            worker_id=worker_id, request_ids=request_ids, reason=reason, router_id=self.router_id
+        )
+        try:
+            await self._nc.publish(self._subjects.worker_lost, codec.encode(lost))
+        except nats.errors.Error as exc:
+            log.warning("worker_lost_not_sent", worker_id=worker_id, error=str(exc))
 
     # --- housekeeping --------------------------------------------------------------------------
     def _prune(self) -> None:
         """Drop the state of workers that left the registry (``WorkerTracker`` decides which)."""
         now = self._clock()
         ttl_s = self._config.worker_ttl_s
-        live = {w for w, c in self._directory.view.cards.items() if is_live(c, now, ttl_s)}
+        cards = self._directory.view.cards
+        for worker_id in self.liveness.revive(cards.values(), now):
+            log.info("worker_back", worker_id=worker_id)
+        live = {
+            w for w, c in cards.items() if is_live(c, now, ttl_s) and not self.liveness.is_lost(c)
+        }
         for worker_id in self._workers.departed(self.core.known_workers(), live, now):
             if self.core.remove_worker(worker_id):
                 log.info("worker_dropped", worker_id=worker_id)

@@ -204,7 +204,28 @@ class TestMessages:
             "stream_to": "fmt.r1",
             "worker_id": None,
             "routing": None,
+            "resumed_tokens": 0,
+            "reply_to": req.reply_to,
         }
+
+    def test_stream_open_carries_the_generate_when_migration_is_on(
+        self, qwen_assets: ModelAssets
+    ) -> None:
+        req = request(max_tokens=7)
+        prepared = prepare(req, qwen_assets)
+        opened = stream_open(req, prepared, migration_limit=2, max_seq_len=99)
+        assert opened.generate == generate(req, prepared, "")
+        assert (opened.migration_limit, opened.migration_max_seq_len) == (2, 99)
+
+    def test_stream_open_has_no_generate_without_migration_or_when_pinned(
+        self, qwen_assets: ModelAssets
+    ) -> None:
+        req = request(max_tokens=7)
+        prepared = prepare(req, qwen_assets)
+        assert stream_open(req, prepared).generate is None
+        pinned = msgspec.structs.replace(req, worker_id="w-1")
+        opened = stream_open(pinned, prepared, migration_limit=3)
+        assert (opened.generate, opened.migration_limit) == (None, 0)
 
     def test_generate_carries_pinned_worker_and_routing_hints(
         self, qwen_assets: ModelAssets
