@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -22,6 +23,7 @@ from nats.errors import Error as NatsError
 
 from services.gateway.config import GatewayConfig
 from services.gateway.errors import DuplicateRequestId, NoResponders
+from services.gateway.retry import RetryBudget, attempt_id
 from shared import codec
 from shared.bus import connect, no_responders
 from shared.errors import (
@@ -102,24 +104,70 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 
 class Reply:
-    """The replies of one request, in arrival order. Always ``close()`` it when done."""
+    """The replies of one request, in arrival order. Always ``close()`` it when done.
 
-    __slots__ = ("_bus", "_inbox", "request_id")
+    Until its first chunk, a ``Preprocess`` request that fails with a resubmittable error is
+    sent again under a new id (``retry.py``); the caller only sees the outcome.
+    """
 
-    def __init__(self, bus: GatewayBus, request_id: str, inbox: Inbox) -> None:
+    __slots__ = ("_bus", "_inbox", "_request", "_retry", "request_id")
+
+    def __init__(
+        self,
+        bus: GatewayBus,
+        request_id: str,
+        inbox: Inbox,
+        request: Preprocess | None = None,
+        retry: RetryBudget | None = None,
+    ) -> None:
         self._bus = bus
         self._inbox = inbox
         self.request_id = request_id
+        self._request = request
+        """Kept until the first chunk, to resubmit."""
+        self._retry = retry
 
     async def next(self, timeout_s: float) -> ResponseChunk:
         """The next chunk; raises the upstream's error, or ``UpstreamTimeout`` (and cancels)."""
-        item = await self._take(timeout_s)
-        if isinstance(item, ServiceError):
-            self.close()
-            raise item
+        while True:
+            item = await self._take(timeout_s)
+            if not isinstance(item, ServiceError):
+                break
+            if not await self._resubmitted(item):
+                self.close()
+                raise item
         if isinstance(item, TensorResult):
             raise self._unexpected(item)
+        self._request = None
         return item
+
+    async def _resubmitted(self, error: ServiceError) -> bool:
+        """Send the request again if it may be (nothing delivered yet, budget left)."""
+        request, retry = self._request, self._retry
+        if request is None or retry is None:
+            return False
+        delay = retry.delay(error.code, time.monotonic())
+        if delay is None:
+            return False
+        log.info(
+            "request_resubmitted",
+            request_id=self.request_id,
+            code=error.code,
+            attempt=retry.attempts,
+            delay_s=delay,
+        )
+        self._bus.cancel_soon(self.request_id, "resubmitted")
+        await asyncio.sleep(delay)
+        request_id = attempt_id(request.request_id, retry.attempts)
+        request = msgspec.structs.replace(
+            request, request_id=request_id, reply_to=self._bus.reply_subject(request_id)
+        )
+        try:
+            await self._bus.resend(request, self._inbox)
+        except ServiceError:
+            return False
+        self.request_id = request_id
+        return True
 
     async def result(self, timeout_s: float) -> TensorResult:
         """A tensor request's result; raises as ``next()`` does. ``close()`` it afterwards."""
@@ -272,7 +320,20 @@ class GatewayBus:
 
     async def submit(self, request: Preprocess) -> Reply:
         """Start listening for the request's replies, then publish it to the preprocessors."""
-        return await self._send(request.request_id, self.subjects.preprocess, request)
+        retry = RetryBudget(self._config.retry_budget_s, time.monotonic())
+        return await self._send(request.request_id, self.subjects.preprocess, request, retry=retry)
+
+    async def resend(self, request: Preprocess, inbox: Inbox) -> None:
+        """Publish a resubmission whose replies go to an existing inbox."""
+        assert self._nc is not None, "start() first"
+        self._pending[request.request_id] = inbox
+        try:
+            await self._nc.publish(
+                self.subjects.preprocess, codec.encode(request), reply=request.reply_to
+            )
+        except NatsError as exc:
+            self.forget(request.request_id)
+            raise ServiceUnavailable("The message bus is unavailable.") from exc
 
     async def submit_tensor(self, request: TensorInfer, worker_id: str) -> Reply:
         """Start listening for the result, then publish the request to one tensor worker."""
@@ -286,6 +347,8 @@ class GatewayBus:
         subject: str,
         request: Preprocess | TensorInfer,
         unreachable: str | None = None,
+        *,
+        retry: RetryBudget | None = None,
     ) -> Reply:
         assert self._nc is not None, "start() first"
         if request_id in self._pending:
@@ -300,6 +363,8 @@ class GatewayBus:
         except NatsError as exc:
             self.forget(request_id)
             raise ServiceUnavailable("The message bus is unavailable.") from exc
+        if isinstance(request, Preprocess):
+            return Reply(self, request_id, inbox, request, retry)
         return Reply(self, request_id, inbox)
 
     def forget(self, request_id: str) -> None:
