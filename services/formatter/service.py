@@ -176,8 +176,9 @@ class FormatterService:
         self._closing = True
         if self._warmer is not None:
             await self._warmer.stop()
-        if self._open_sub is not None:
-            await self._open_sub.unsubscribe()
+        if self._open_sub is not None:  # drain: handshakes already delivered are answered
+            with contextlib.suppress(Exception):
+                await self._open_sub.drain()  # type: ignore[no-untyped-call]
         if self._direct_sub is not None:
             # Preprocessors drop us from their pools; opens already sent are still served.
             leaving = FormatterLeaving(formatter_id=self._config.formatter_id)

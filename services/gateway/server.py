@@ -3,6 +3,8 @@ readiness, then drains."""
 
 from __future__ import annotations
 
+import math
+import signal
 from types import FrameType
 
 import uvicorn
@@ -25,6 +27,9 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._readiness.begin_shutdown()
         super().handle_exit(sig, frame)
+        if sig == signal.SIGTERM and not self.force_exit:
+            # A drain is a clean stop: exit 0, not by the signal uvicorn would raise again.
+            self._captured_signals.remove(sig)
 
 
 def build_server(config: GatewayConfig) -> uvicorn.Server:
@@ -50,14 +55,14 @@ def build_server(config: GatewayConfig) -> uvicorn.Server:
         server_header=False,
         # Nothing reads the client address or scheme; skip uvicorn's X-Forwarded-* middleware.
         proxy_headers=False,
-        # In-flight streams finish on SIGTERM; each is bounded by the stream idle timeout.
-        timeout_graceful_shutdown=None,
+        # On SIGTERM in-flight requests finish within the grace period, then are cut.
+        timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s),
     )
     return _Server(server_config, readiness)
 
 
 def serve(config: GatewayConfig) -> None:
     """Serve HTTP and gRPC until a signal."""
-    # After a graceful stop uvicorn re-raises the signal it caught, so a SIGTERMed gateway
-    # exits with status 143 once the lifespan has drained the bus.
+    # A SIGTERMed gateway exits 0 once the lifespan has drained the bus; after SIGINT uvicorn
+    # raises the signal again (status 130).
     build_server(config).run()

@@ -167,9 +167,9 @@ class MockWorker:
         """Leave the registry, stop taking work, finish in-flight work (bounded), then stop."""
         self._accepting = False
         await self._registration.stop()
-        if self._subs:
+        if self._subs:  # drain: a Generate already delivered is answered (shutting_down)
             with contextlib.suppress(Exception):
-                await self._subs[0].unsubscribe()
+                await self._subs[0].drain()  # type: ignore[no-untyped-call]
         try:
             await asyncio.wait_for(self._idle.wait(), timeout=grace_s)
         except TimeoutError:

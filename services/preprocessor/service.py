@@ -15,6 +15,7 @@ its ``StreamOpened`` teaches the pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -135,8 +136,9 @@ class Preprocessor:
     async def stop(self) -> None:
         """Stop taking requests; in-flight ones may finish within ``shutdown_grace_s``."""
         await self._warmer.stop()
-        if self._sub is not None:
-            await self._sub.unsubscribe()
+        if self._sub is not None:  # drain: requests already delivered here are still served
+            with contextlib.suppress(Exception):
+                await self._sub.drain()  # type: ignore[no-untyped-call]
             self._sub = None
         await self._tasks.close(self._config.shutdown_grace_s)
         await self._bounces.stop()
