@@ -1,0 +1,101 @@
+"""A formatter or a gateway that dies mid-stream (decision 017): the worker notices at its next
+batch (NATS bounces it), stops the request, and whoever is left tells the client at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.cli.stack import Stack
+from tests.e2e.conftest import MODEL, start_stack
+
+BODY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "hello"}],
+    "max_tokens": 3000,
+    "stream": True,
+    "ignore_eos": True,
+}
+
+
+@pytest.fixture
+def hop_stack(tmp_path: Path, model_dir: Path) -> Iterator[Stack]:
+    """One realistic-speed worker: a long stream is still running when a hop dies."""
+    s = start_stack(tmp_path, model_dir, workers=1, mocker_args="--speedup-ratio 1 --seed 1")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _pid(stack: Stack, name: str) -> int:
+    return stack.pids()[name]
+
+
+def _logged(stack: Stack, log: str, request_id: str, event: str) -> bool:
+    for line in (stack.run_dir / log).read_text().splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if obj.get("request_id") == request_id and obj.get("event") == event:
+            return True
+    return False
+
+
+async def _until_logged(stack: Stack, log: str, request_id: str, event: str) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < 10:
+        if _logged(stack, log, request_id, event):
+            return time.monotonic() - started
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{log} never logged {event} for {request_id}")
+
+
+async def test_a_dead_formatter_ends_the_stream_with_a_typed_error_at_once(
+    hop_stack: Stack,
+) -> None:
+    async with (
+        httpx.AsyncClient(base_url=hop_stack.base_url, timeout=20) as http,
+        http.stream("POST", "/v1/chat/completions", json=BODY) as resp,
+    ):
+        request_id = resp.headers["x-request-id"]
+        lines = resp.aiter_lines()
+        seen = 0
+        async for line in lines:
+            seen += line.startswith("data: ")
+            if seen == 5:
+                break
+        os.kill(_pid(hop_stack, "formatter"), signal.SIGKILL)
+        killed = time.monotonic()
+        rest = [line async for line in lines]
+        ended_s = time.monotonic() - killed
+    errors = [json.loads(x[6:]) for x in rest if x.startswith("data: {") and '"error"' in x]
+    assert [e["error"]["code"] for e in errors] == ["formatter_lost"]
+    assert ended_s < 1.0, f"the stream ended {ended_s:.2f}s after the formatter died"
+    assert _logged(hop_stack, "mocker-0.log", request_id, "formatter_gone")
+
+
+async def test_a_dead_gateway_gets_its_requests_stopped_at_the_worker(hop_stack: Stack) -> None:
+    async with (
+        httpx.AsyncClient(base_url=hop_stack.base_url, timeout=20) as http,
+        http.stream("POST", "/v1/chat/completions", json=BODY) as resp,
+    ):
+        request_id = resp.headers["x-request-id"]
+        seen = 0
+        async for line in resp.aiter_lines():
+            seen += line.startswith("data: ")
+            if seen == 5:
+                break
+        os.kill(_pid(hop_stack, "gateway"), signal.SIGKILL)
+    took_s = await _until_logged(hop_stack, "formatter.log", request_id, "gateway_gone")
+    await _until_logged(hop_stack, "mocker-0.log", request_id, "request_cancelled")
+    assert took_s < 1.0
