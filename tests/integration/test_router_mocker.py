@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -10,6 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
+import nats.errors
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -28,6 +32,7 @@ from shared.messages import (
     SamplingParams,
     TokenBatch,
     WorkerEvent,
+    WorkerLost,
 )
 from shared.model_dir import DEFAULT_MODEL_NAME
 from shared.subjects import Subjects
@@ -388,3 +393,88 @@ async def test_a_request_sharing_a_prefix_still_in_prefill_joins_it(
     else:  # both workers look alike but A's holds A's prefill: B recomputes the prefix
         assert first_b.worker_id != first_a.worker_id
         assert first_b.cached_tokens == 0
+
+
+async def test_a_full_queue_answers_worker_busy(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    async with (
+        running_mocker(
+            nats_url,
+            subjects,
+            model_info,
+            worker_id="w",
+            max_num_seqs=1,
+            max_waiting=1,
+            speedup_ratio=1.0,
+        ),
+        running_router(nats_url, subjects),
+    ):
+        streams = [Stream(nc, subjects) for _ in range(3)]
+        for s in streams:
+            await s.__aenter__()
+        try:
+            for s in streams:  # one runs, one waits, the third finds the queue full
+                await _generate(nc, subjects, s, max_tokens=200, ignore_eos=True)
+            third = await streams[2].next()
+        finally:
+            for s in streams:
+                await s.__aexit__()
+    assert isinstance(third, RequestFailed)
+    assert (third.status, third.code, third.retry_after_s) == (503, "worker_busy", 1.0)
+
+
+async def test_workers_answer_pings_and_a_stopped_one_is_no_responders(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    async with running_mocker(nats_url, subjects, model_info, worker_id="w"):
+        answer = await nc.request(subjects.worker_ping("w"), b"", timeout=2)
+    assert answer.data == b""
+    with pytest.raises(nats.errors.NoRespondersError):
+        await nc.request(subjects.worker_ping("w"), b"", timeout=2)
+
+
+async def test_a_killed_worker_is_lost_and_its_requests_named(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    lost: asyncio.Queue[WorkerLost] = asyncio.Queue()
+
+    async def on_lost(msg: Msg) -> None:
+        lost.put_nowait(codec.decode(msg.data, WorkerLost))
+
+    await nc.subscribe(subjects.worker_lost, cb=on_lost)
+    env = {**os.environ, "JETSERVE_NATS_URL": nats_url, "JETSERVE_NAMESPACE": subjects.namespace}
+    cmd = [sys.executable, "-m", "services.mocker", "--worker-id", "doomed"]
+    cmd += ["--speedup-ratio", "1", "--model-path", str(model_info.model_dir)]
+    worker = await asyncio.create_subprocess_exec(
+        *cmd, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+    )
+    try:
+        for _ in range(300):  # a new process: imports, model files, registration
+            with contextlib.suppress(nats.errors.Error):
+                await nc.request(subjects.worker_ping("doomed"), b"", timeout=1)
+                break
+            await asyncio.sleep(0.1)
+        async with running_router(nats_url, subjects) as router, Stream(nc, subjects) as stream:
+            for _ in range(100):  # the router learns the card from its registry watch
+                if router.live(MODEL):
+                    break
+                await asyncio.sleep(0.05)
+            await _generate(nc, subjects, stream, max_tokens=5000, ignore_eos=True)
+            assert isinstance(await stream.next(), TokenBatch)
+            worker.kill()
+            killed_at = time.monotonic()
+            notice = await asyncio.wait_for(lost.get(), timeout=5)
+            found_s = time.monotonic() - killed_at
+            assert router.core.load.requests("doomed") == 0
+            assert router.live(MODEL) == []
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+        await worker.wait()
+    assert (notice.worker_id, notice.request_ids, notice.reason) == (
+        "doomed",
+        (stream.request_id,),
+        "no_responders",
+    )
+    assert found_s < 1.0, f"found lost after {found_s:.2f}s"
