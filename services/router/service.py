@@ -255,7 +255,9 @@ class Router:
         with bound_contextvars(request_id=request_id):
             log.warning("worker_unreachable", worker_id=tried[-1], subject=subject)
             self.core.on_cancel(request_id)
-            await self._lose(tried[-1], "no_responders")
+            # Gone, or draining (it left the generate subject but still answers pings).
+            for worker_id in self.liveness.due([tried[-1]], self._clock()):
+                self._tasks.spawn(self._probe(worker_id), name=f"probe-{worker_id}")
             try:
                 if gen.worker_id is not None or len(tried) >= MAX_ATTEMPTS:
                     raise NoWorkerAvailable(f"worker {tried[-1]} is unreachable")
