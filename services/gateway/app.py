@@ -1,10 +1,11 @@
 """create_app(config, bus=...) -> the gateway's ASGI app: ``Relay`` for inference, Litestar else.
 
 ``Gateway`` opens the request context (request id, access line, metrics) for every HTTP request,
-hands the two inference paths to ``Relay`` (raw ASGI, ADR 010) and everything else
-(probes, listing, ``/openapi.json``, unknown routes, lifespan) to the Litestar app. The
-lifespan starts the bus, then the gRPC server (``serve_grpc``, ADR 015) in the same event loop;
-it stops them in the reverse order.
+hands the two inference paths to ``Relay`` (raw ASGI, ADR 010) once ``Admission`` gives them a
+slot (``--max-concurrent-requests``, shared with gRPC; else 503 before the body is read), and
+everything else (probes, listing, ``/openapi.json``, unknown routes, lifespan) to the Litestar
+app. The lifespan starts the bus, then the gRPC server (``serve_grpc``, ADR 015) in the same
+event loop; it stops them in the reverse order.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import structlog
 from litestar import Litestar, Request, Response
 from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException
-from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.types import ASGIApp, HTTPScope, Receive, Scope, Send
 
 from services.gateway import responses
+from services.gateway.admission import Admission
 from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
-from services.gateway.context import request_context, send_with_id
+from services.gateway.context import RequestContext, request_context, send_with_id
 from services.gateway.grpc_server import GrpcServer
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import openapi_config
@@ -42,13 +44,18 @@ def create_app(
     readiness: Readiness | None = None,
     metrics: GatewayMetrics | None = None,
     serve_grpc: bool = False,
+    admission: Admission | None = None,
 ) -> Gateway:
     """The gateway's ASGI app; ``bus`` (and the gRPC server, with ``serve_grpc``) are started
-    and stopped by the app's lifespan."""
+    and stopped by the app's lifespan. ``admission`` (default: ``--max-concurrent-requests``)
+    counts HTTP and gRPC inference requests together."""
     readiness = readiness or Readiness()
     metrics = metrics or GatewayMetrics()
     metrics.base.track_in_flight(lambda: bus.in_flight)
-    grpc = GrpcServer(config, bus, readiness, metrics) if serve_grpc else None
+    admission = admission or Admission(config.max_concurrent_requests)
+    metrics.track_admission(admission)
+    # One limit for both protocols.
+    grpc = GrpcServer(config, bus, readiness, metrics, admission) if serve_grpc else None
 
     @asynccontextmanager
     async def bus_lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -86,20 +93,27 @@ def create_app(
         logging_config=None,
         debug=False,
     )
-    return Gateway(app, Relay(config, bus, readiness), metrics, grpc)
+    return Gateway(app, Relay(config, bus, readiness), metrics, grpc, admission)
 
 
 class Gateway:
-    """ASGI: a request context per HTTP request; inference → ``Relay``, the rest → Litestar."""
+    """ASGI: a request context per HTTP request; inference → ``Relay`` (within ``admission``),
+    the rest → Litestar."""
 
-    __slots__ = ("_app", "_metrics", "_relay", "grpc")
+    __slots__ = ("_admission", "_app", "_metrics", "_relay", "grpc")
 
     def __init__(
-        self, app: ASGIApp, relay: Relay, metrics: GatewayMetrics, grpc: GrpcServer | None = None
+        self,
+        app: ASGIApp,
+        relay: Relay,
+        metrics: GatewayMetrics,
+        grpc: GrpcServer | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self._app = app
         self._relay = relay
         self._metrics = metrics
+        self._admission = admission or Admission()
         self.grpc = grpc
         """The gRPC server the lifespan runs (``grpc.port`` once started), if any."""
 
@@ -107,11 +121,29 @@ class Gateway:
         if scope["type"] == ScopeType.HTTP:
             with request_context(scope, self._metrics) as ctx:
                 if scope["path"] in PATHS:
-                    await self._relay.serve(ctx, scope, receive, send)
+                    await self._infer(ctx, scope, receive, send)
                 else:
                     await self._app(scope, receive, send_with_id(ctx, send))
             return
         await self._app(scope, receive, send)  # lifespan
+
+    async def _infer(
+        self, ctx: RequestContext, scope: HTTPScope, receive: Receive, send: Send
+    ) -> None:
+        """Relay an inference request that gets a slot, holding it until the response has
+        ended (or the client went, or the task was cancelled); refuse one that does not at once,
+        its body unread. Only ``POST`` counts: any other method is a 405 from ``Relay``."""
+        admission = self._admission
+        if scope["method"] != "POST":
+            await self._relay.serve(ctx, scope, receive, send)
+            return
+        if not admission.try_enter():
+            await responses.send_refusal(ctx, send, admission.refusal())
+            return
+        try:
+            await self._relay.serve(ctx, scope, receive, send)
+        finally:
+            admission.leave()
 
 
 def render_service_error(_: Request[Any, Any, Any], exc: ServiceError) -> Response[bytes]:

@@ -54,6 +54,9 @@ log = structlog.get_logger(__name__)
 
 ReplyItem = ResponseChunk | TensorResult | ServiceError
 NO_WORKER_RETRY_AFTER_S = 1.0
+BUS_WAIT_S = 2.0
+"""A request that arrives while NATS is unreachable waits this long for it, then gets a 503."""
+BUS_UNAVAILABLE = "The message bus is unavailable."
 
 
 class Inbox:
@@ -232,14 +235,21 @@ class GatewayBus:
         self._turns: dict[str, int] = {}
         """Per model: how many tensor requests were sent (round-robin over its live workers)."""
         self._background = TaskSet()
+        self._bus_up = asyncio.Event()
 
     # --- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Connect, load the worker registry, and subscribe to this gateway's replies."""
         config = self._config
-        nc = await connect(config.nats_url, name=f"gateway-{config.gateway_id}")
+        nc = await connect(
+            config.nats_url,
+            name=f"gateway-{config.gateway_id}",
+            on_lost=self._on_bus_lost,
+            on_back=self._on_bus_back,
+        )
         self._nc = nc
+        self._bus_up.set()
         js = nc.jetstream()
         self._directory = WorkerDirectory(
             js, self.subjects, ttl_s=config.worker_ttl_s, clock=self._clock
@@ -265,6 +275,33 @@ class GatewayBus:
     @property
     def is_connected(self) -> bool:
         return self._nc is not None and self._nc.is_connected
+
+    async def _on_bus_lost(self) -> None:
+        """Fail every request in flight at once (503, retryable) and cancel its work.
+
+        Core NATS keeps nothing for a subscriber that is away, so replies sent while this
+        connection is down are lost: a stream would come back with a hole, or never end. The
+        cancels wait in nats-py's buffer and go out when the connection is back.
+        """
+        self._bus_up.clear()
+        pending, self._pending = self._pending, {}
+        if pending:
+            log.warning("bus_lost_requests_failed", in_flight=len(pending))
+        for request_id, inbox in pending.items():
+            inbox.put_nowait(ServiceUnavailable(BUS_UNAVAILABLE))
+            self._background.spawn(self._publish_cancel(request_id, "bus_lost"))
+
+    async def _on_bus_back(self) -> None:
+        self._bus_up.set()
+
+    async def _bus_ready(self) -> None:
+        """Return once NATS is connected, waiting up to ``BUS_WAIT_S``; else 503 (retryable)."""
+        if self._bus_up.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._bus_up.wait(), BUS_WAIT_S)
+        except TimeoutError:
+            raise ServiceUnavailable(BUS_UNAVAILABLE) from None
 
     @property
     def in_flight(self) -> int:
@@ -297,6 +334,7 @@ class GatewayBus:
         assert self._directory is not None, "start() first"
         if self._directory.live(model):
             return
+        await self._bus_ready()
         if await self.model_card(model) is None:
             raise ModelNotFound(model)
         raise NoWorkerAvailable(
@@ -326,6 +364,7 @@ class GatewayBus:
     async def resend(self, request: Preprocess, inbox: Inbox) -> None:
         """Publish a resubmission whose replies go to an existing inbox."""
         assert self._nc is not None, "start() first"
+        await self._bus_ready()
         self._pending[request.request_id] = inbox
         try:
             await self._nc.publish(
@@ -333,7 +372,7 @@ class GatewayBus:
             )
         except NatsError as exc:
             self.forget(request.request_id)
-            raise ServiceUnavailable("The message bus is unavailable.") from exc
+            raise ServiceUnavailable(BUS_UNAVAILABLE) from exc
 
     async def submit_tensor(self, request: TensorInfer, worker_id: str) -> Reply:
         """Start listening for the result, then publish the request to one tensor worker."""
@@ -351,6 +390,7 @@ class GatewayBus:
         retry: RetryBudget | None = None,
     ) -> Reply:
         assert self._nc is not None, "start() first"
+        await self._bus_ready()
         if request_id in self._pending:
             raise DuplicateRequestId(
                 f"Request id `{request_id}` is already in flight.", param="X-Request-Id"
@@ -362,7 +402,7 @@ class GatewayBus:
             await self._nc.publish(subject, codec.encode(request), reply=request.reply_to)
         except NatsError as exc:
             self.forget(request_id)
-            raise ServiceUnavailable("The message bus is unavailable.") from exc
+            raise ServiceUnavailable(BUS_UNAVAILABLE) from exc
         if isinstance(request, Preprocess):
             return Reply(self, request_id, inbox, request, retry)
         return Reply(self, request_id, inbox)

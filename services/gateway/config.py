@@ -66,6 +66,12 @@ class GatewayConfig(CommonConfig):
     stream_idle_timeout_s: float = setting(
         60.0, "Longest gap between two chunks of a streamed response", gt=0
     )
+    retry_budget_s: float = setting(
+        5.0,
+        "Resubmit a request that failed with a passing 503 (a hop restarting or draining, a "
+        "formatter lost) before any byte reached the client, for up to this long; 0 = never",
+        ge=0,
+    )
     worker_ttl_s: float = setting(
         DEFAULT_WORKER_TTL_S,
         "A worker whose heartbeat is older than this is not live (match the mocker's)",
@@ -77,6 +83,17 @@ class GatewayConfig(CommonConfig):
         "This instance's token in reply subjects, <ns>.v1.gateway.<id>.<request> (empty = random)",
         default_doc="random",
         per_instance=True,
+    )
+    max_concurrent_requests: int = setting(
+        1024,
+        "Inference requests this gateway serves at once, HTTP and gRPC together (a ModelInfer "
+        "call, or one request on a ModelStreamInfer stream), each from admission until its "
+        "response ends; one more is refused at once, before its body is read, with 503 / "
+        "UNAVAILABLE and Retry-After (0 = no limit). The default lets a few busy workers fill "
+        "their batches (vLLM's max-num-seqs is 256 to 1024) while a 10x burst is refused "
+        "instead of held: each request in flight holds its body (up to 10 MB) and its "
+        "buffered replies",
+        ge=0,
     )
 
     def __post_init__(self) -> None:

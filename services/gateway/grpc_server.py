@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import (  # type: ignore[import-untyped]
     reflection_pb2_grpc,
 )
 
+from services.gateway.admission import Admission
 from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
 from services.gateway.grpc_infer import Inference
@@ -59,10 +60,11 @@ class GrpcServer:
         bus: GatewayBus,
         readiness: Readiness,
         metrics: GatewayMetrics,
+        admission: Admission | None = None,
     ) -> None:
         self._config = config
         self.servicer = InferenceServicer(
-            Inference(config, bus, readiness), bus, readiness, metrics
+            Inference(config, bus, readiness), bus, readiness, metrics, admission
         )
         self.port = 0
         """The bound port, once started (``--grpc-port 0`` picks a free one)."""

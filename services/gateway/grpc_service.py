@@ -3,8 +3,14 @@
 Each inference request (a ``ModelInfer`` call, or one request on a ``ModelStreamInfer`` stream)
 gets a request id, one access line and its metrics (``context.grpc_context``); a failure is a
 status (unary) or a ``ModelStreamInferResponse.error_message`` on the stream, which stays open.
-Stream requests run concurrently, each in its own task; their responses carry the request's
+Stream requests run concurrently, each in its own task (at most ``MAX_STREAM_REQUESTS`` per
+stream: then the stream is not read until one is answered); their responses carry the request's
 ``id``; the stream ends once the client has half-closed and every request is answered.
+
+Each inference request takes a slot of the gateway's ``Admission`` (``--max-concurrent-requests``,
+shared with HTTP) before any work and holds it until its response is written; without one it
+fails UNAVAILABLE (as Triton answers a full queue) with a ``retry-after`` trailer, or as a
+stream error.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from importlib.metadata import PackageNotFoundError, version
 import grpc
 import structlog
 
+from services.gateway.admission import Admission
 from services.gateway.bus import GatewayBus
 from services.gateway.context import (
     MAX_REQUEST_ID_LEN,
@@ -34,7 +41,7 @@ from services.gateway.kserve import stream_error
 from services.gateway.kserve_models import ModelView
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.relay import Readiness
-from shared.errors import ServiceError
+from shared.errors import Overloaded, ServiceError
 from shared.kserve import grpc_service_pb2 as pb
 from shared.subjects import is_token
 
@@ -44,6 +51,10 @@ SERVER_NAME = "jetserve"
 EXTENSIONS = ("model_configuration", "parameters")
 """Triton extensions served: ``ModelConfig``, and request/response ``parameters``."""
 _INTERNAL = "Internal server error."
+MAX_STREAM_REQUESTS = 1024
+"""Requests of one ``ModelStreamInfer`` stream in progress at once; past it, the stream's
+messages stay unread (and the client's window closes) until one is answered, so a client that
+sends without reading responses cannot pile up tasks here."""
 
 Context = Call
 
@@ -57,11 +68,14 @@ class InferenceServicer:
         bus: GatewayBus,
         readiness: Readiness,
         metrics: GatewayMetrics,
+        admission: Admission | None = None,
     ) -> None:
         self._inference = inference
         self._bus = bus
         self._readiness = readiness
         self._metrics = metrics
+        self.admission = admission or Admission()
+        """Shared with HTTP (``create_app`` passes one); no limit by default."""
         try:
             server_version = version("jetserve")
         except PackageNotFoundError:
@@ -146,6 +160,7 @@ class InferenceServicer:
             trailers: tuple[tuple[str, str], ...] = (("x-request-id", ctx.request_id),)
             context.set_trailing_metadata(trailers)
             try:
+                self._admit(context)
                 return await self._inference.run(request, ctx, deadline)
             except ServiceError as exc:
                 code = _failed(ctx, exc)
@@ -170,7 +185,13 @@ class InferenceServicer:
         def start(request: pb.ModelInferRequest) -> None:
             task = loop.create_task(self._stream_one(request, context, deadline))
             tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            task.add_done_callback(done)
+            if len(tasks) >= MAX_STREAM_REQUESTS:
+                context.pause_requests()
+
+        def done(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            context.resume_requests()
 
         try:
             await context.each_request(start)
@@ -185,7 +206,8 @@ class InferenceServicer:
     ) -> None:
         with grpc_context("ModelStreamInfer", self._metrics) as ctx:
             try:
-                await self._inference.stream(request, ctx, context, deadline)
+                with self.admission:  # until its last response is written
+                    await self._inference.stream(request, ctx, context, deadline)
                 return
             except StreamReset:  # the call is over (the client went): nobody to answer
                 ctx.grpc_status = grpc.StatusCode.CANCELLED.name
@@ -199,13 +221,22 @@ class InferenceServicer:
             with contextlib.suppress(StreamReset):
                 await context.write(failed)
 
+    def _admit(self, context: Context) -> None:
+        """Take a slot for a unary call until it is over (its response written, or the call
+        aborted or cancelled); ``Overloaded`` when none is free."""
+        admission = self.admission
+        if not admission.try_enter():
+            raise admission.refusal()
+        context.add_done_callback(lambda _: admission.leave())
+
 
 def _failed(ctx: RequestContext, exc: ServiceError) -> grpc.StatusCode:
-    """Record an expected failure for the access line; server-side ones log a warning."""
+    """Record an expected failure for the access line; server-side ones log a warning (not a
+    refusal under overload: the access line and ``jetserve_gateway_rejected_total`` count it)."""
     code = status_code(exc)
     ctx.grpc_status = code.name
     note_error(exc.code)
-    if exc.status >= 500:
+    if exc.status >= 500 and not isinstance(exc, Overloaded):
         log.warning("request_failed", code=exc.code, status=code.name, message=exc.message)
     return code
 

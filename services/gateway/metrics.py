@@ -3,13 +3,19 @@
 HTTP requests by endpoint and status, request latency and time to first response per endpoint;
 gRPC requests by RPC and status code, and their latency; in-flight requests are read from the
 bus at scrape time. Endpoint labels are a fixed set (the served routes, else ``other``; the
-gRPC inference RPCs' method paths), so unknown paths cannot grow the label space.
+gRPC inference RPCs' method paths), so unknown paths cannot grow the label space. Admission
+(``--max-concurrent-requests``: requests counted, the limit, refusals) is read at scrape time too.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram
+from collections.abc import Iterator
 
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from services.gateway.admission import Admission
 from shared.metrics import ServiceMetrics
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -74,6 +80,14 @@ class GatewayMetrics:
         self._ttft: dict[str, Histogram] = {}
         self._grpc_by_code: dict[tuple[str, str], Counter] = {}
         self._grpc_latency: dict[str, Histogram] = {}
+        self._admission: _AdmissionCollector | None = None
+
+    def track_admission(self, admission: Admission) -> None:
+        """Expose ``admission`` (requests counted, limit, refusals), read at scrape time."""
+        if self._admission is None:
+            self._admission = _AdmissionCollector(admission)
+            self.base.registry.register(self._admission)
+        self._admission.admission = admission
 
     def observe(
         self,
@@ -132,3 +146,34 @@ class GatewayMetrics:
 
     def exposition(self) -> bytes:
         return self.base.exposition()
+
+
+class _AdmissionCollector(Collector):
+    """``jetserve_gateway_concurrent_requests``, ``jetserve_gateway_max_concurrent_requests``
+    and ``jetserve_gateway_rejected_total{reason}``, from the ``Admission`` at scrape time (no
+    per-request cost)."""
+
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+
+    def collect(self) -> Iterator[Metric]:
+        admission = self.admission
+        yield GaugeMetricFamily(
+            "jetserve_gateway_concurrent_requests",
+            "Inference requests in flight (HTTP and gRPC), counted against "
+            "--max-concurrent-requests",
+            value=admission.in_flight,
+        )
+        yield GaugeMetricFamily(
+            "jetserve_gateway_max_concurrent_requests",
+            "The --max-concurrent-requests limit (0 = no limit)",
+            value=admission.limit,
+        )
+        rejected = CounterMetricFamily(
+            "jetserve_gateway_rejected",
+            "Inference requests refused before any work was done, by reason (overloaded: over "
+            "--max-concurrent-requests)",
+            labels=["reason"],
+        )
+        rejected.add_metric(["overloaded"], admission.rejected)
+        yield rejected

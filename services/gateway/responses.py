@@ -1,20 +1,23 @@
 """How a failure before the response starts looks on the wire: status, OpenAI body, headers.
 
 Shared by Litestar's exception handlers (``app.py``) and ``Relay`` (``relay.py``), so every
-route answers in the same shape and logs the same lines.
+route answers in the same shape and logs the same lines; ``send_refusal`` answers a request
+refused before it reached either (admission, ``--max-concurrent-requests``).
 """
 
 from __future__ import annotations
 
 import structlog
+from litestar.types import Send
 
-from services.gateway.context import note_error
+from services.gateway.context import RequestContext, id_header, note_error
 from services.gateway.errors import MethodNotAllowed
 from shared.errors import InternalError, InvalidRequest, NotFound, ServiceError
 
 log = structlog.get_logger(__name__)
 
 ErrorParts = tuple[int, bytes, dict[str, str]]
+_JSON = (b"content-type", b"application/json")
 
 
 def service_error(exc: ServiceError) -> ErrorParts:
@@ -49,3 +52,18 @@ def unexpected_error(exc: Exception) -> ErrorParts:
     log.exception("request_crashed", error_type=type(exc).__name__)
     note_error("internal_error")
     return 500, InternalError("Internal server error.").body(), {}
+
+
+async def send_refusal(ctx: RequestContext, send: Send, error: ServiceError) -> None:
+    """Answer a request refused before any work (its body unread) with ``error``'s status, OpenAI
+    body and headers, on raw ASGI. No warning line: a refusal under overload is expected, and
+    the access line and ``jetserve_gateway_rejected_total`` count it."""
+    note_error(error.code)
+    body = error.body()
+    headers = [
+        (name.lower().encode("latin-1"), value.encode()) for name, value in error.headers().items()
+    ]
+    headers += [_JSON, (b"content-length", b"%d" % len(body)), id_header(ctx)]
+    ctx.status = error.status
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -10,7 +10,9 @@ Status semantics follow grpc: ``abort`` ends the call with its code; an exceptio
 method is UNKNOWN (or the code set before it); the deadline (``grpc-timeout``) cancels the
 method and answers DEADLINE_EXCEEDED; a client RST_STREAM or a lost connection cancels it and
 sends nothing. Received bytes are given back to the client's window as soon as they are read,
-unless messages are queued unread (a streaming method that is behind): then once it catches up.
+unless messages are queued unread (a streaming method that is behind, or one that paused
+``each_request``): then once it catches up, so a client can never have more than its window
+of messages waiting here.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class Call:
         "_expired",
         "_finished",
         "_handler",
+        "_is_held",
         "_limits",
         "_metadata",
         "_queue",
@@ -126,6 +129,7 @@ class Call:
         self._waiter: asyncio.Future[None] | None = None
         self._sending: asyncio.Future[None] | None = None
         self._each: Callable[[Any], None] | None = None
+        self._is_held = False
         self._code: grpc.StatusCode | None = None
         self._details = ""
         self._trailing: Metadata = ()
@@ -143,7 +147,7 @@ class Call:
 
     def data_received(self, data: bytes, end_stream: bool) -> None:
         if data:
-            if self._queue:  # the method is behind: hold the window until it catches up
+            if self._queue or self._is_held:  # behind: hold the window until it catches up
                 self._deferred += len(data)
             else:
                 self._stream.consumed(len(data))
@@ -245,10 +249,10 @@ class Call:
             raise Abort(grpc.StatusCode.INTERNAL, "Failed to parse the request message.") from None
 
     def _hand_out(self) -> None:
-        """``each_request``: every queued message to the callback, now."""
+        """``each_request``: every queued message to the callback, now (unless paused)."""
         each, queue = self._each, self._queue
         assert each is not None
-        while queue and not self._finished:
+        while queue and not self._finished and not self._is_held:
             data = queue.popleft()
             try:
                 request = self._parse(data)
@@ -256,22 +260,37 @@ class Call:
                 self._fail_now(exc.code, exc.details)
                 return
             each(request)
-        if self._deferred:
+        if self._deferred and not queue and not self._is_held:
             self._stream.consumed(self._deferred)
             self._deferred = 0
 
     async def each_request(self, start: Callable[[Any], None]) -> None:
         """Hand each request message to ``start`` as soon as it is read (no task hop, unlike
         iterating the requests); return once the client has half-closed. Not in
-        ``grpc.aio``: for a streaming method that answers requests concurrently."""
+        ``grpc.aio``: for a streaming method that answers requests concurrently (and bounds
+        how many at once with ``pause_requests``)."""
         self._each = start
         self._hand_out()
-        while not self._ended:
+        while not self._ended or self._queue:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
+
+    def pause_requests(self) -> None:
+        """``each_request``: hand out no more messages, and give the client no more window
+        (so it stops sending), until ``resume_requests``. Not in ``grpc.aio``."""
+        self._is_held = True
+
+    def resume_requests(self) -> None:
+        """``each_request``: hand out what was held back, give the window back, read on."""
+        if not self._is_held:
+            return
+        self._is_held = False
+        if self._each is not None:
+            self._hand_out()
+        self._wake()
 
     async def _requests(self) -> AsyncIterator[Any]:
         while (data := await self._next()) is not None:
@@ -390,6 +409,11 @@ class Call:
         finally:
             self._sending = None
             sending.set_result(None)
+
+    def add_done_callback(self, callback: Callable[[Call], None]) -> None:
+        """``callback(self)`` once the call is over: answered (its last byte written), aborted,
+        or cancelled (as ``grpc.aio``'s)."""
+        self.task.add_done_callback(lambda _: callback(self))
 
     async def abort(
         self, code: grpc.StatusCode, details: str = "", trailing_metadata: Metadata = ()

@@ -6,6 +6,12 @@ the stream's ``StreamHandler`` (the gRPC call). It knows nothing of gRPC. Receiv
 given back as the handler reports bytes consumed (``Stream.consumed``); sends wait for the
 peer's windows and for the transport when it asks to pause.
 
+While the transport asks to pause (the peer does not read what is written), no more frames are
+read either: every frame the server writes unasked for flow control (PING and SETTINGS acks,
+RST_STREAM, WINDOW_UPDATE, response headers and trailers) answers a frame read, so a peer that
+sends without reading cannot grow the write buffer past the transport's high-water mark by
+more than what one read brought in.
+
 Errors follow RFC 9113 §5.4: a connection error sends GOAWAY and closes; a stream error sends
 RST_STREAM and resets only that stream.
 """
@@ -268,6 +274,9 @@ class Http2Connection(asyncio.Protocol):
         connection window starts at the default and only WINDOW_UPDATE moves it, so a smaller
         one starts in debt: the first bytes consumed are not given back."""
         self.is_paused = False
+        self._is_reading_paused = False
+        """Reading stopped by ``pause_writing``."""
+        self._is_reading_frames = False
         self._drained: asyncio.Future[None] | None = None
         self._is_closing = False
         self._going_away = False
@@ -302,8 +311,16 @@ class Http2Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._is_closing:
             return
+        self._buffer += data
+        self._read_frames()
+
+    def _read_frames(self) -> None:
+        """Handle the complete frames buffered, until the transport asks to pause writing; then
+        read no more until it resumes (``resume_writing``)."""
+        if self._is_reading_frames:
+            return  # a write in a frame's handler resumed at once: the loop below goes on
+        self._is_reading_frames = True
         buffer = self._buffer
-        buffer += data
         try:
             if not self._has_preface:
                 if len(buffer) < len(PREFACE):
@@ -317,11 +334,17 @@ class Http2Connection(asyncio.Protocol):
             self._frames(buffer)
         except ConnectionError_ as exc:
             self.close_with(exc.code, str(exc))
+        finally:
+            self._is_reading_frames = False
+            if self._is_reading_paused and not self.is_paused and not self._is_closing:
+                self._is_reading_paused = False
+                if self._transport is not None:
+                    self._transport.resume_reading()
 
     def _frames(self, buffer: bytearray) -> None:
         pos, size, max_frame = 0, len(buffer), self.settings.max_frame_size
         try:
-            while size - pos >= FRAME_HEADER_SIZE:
+            while size - pos >= FRAME_HEADER_SIZE and not self.is_paused:
                 length_kind, flags, stream_id = FRAME_HEADER.unpack_from(buffer, pos)
                 length = length_kind >> 8
                 if length > max_frame:
@@ -651,12 +674,17 @@ class Http2Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.is_paused = True
+        if self._transport is not None and not self._is_closing and not self._is_reading_paused:
+            self._is_reading_paused = True
+            self._transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.is_paused = False
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
         self._drained = None
+        if self._is_reading_paused and not self._is_closing:
+            self._read_frames()  # what arrived before the pause; then reads on (or pauses again)
 
     # --- closing --------------------------------------------------------------------------------
 
