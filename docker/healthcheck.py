@@ -4,8 +4,9 @@
 ``jetserve-healthcheck http URL`` — healthy when ``URL`` answers 200 (the gateway's ``/live``).
 ``jetserve-healthcheck nats`` — healthy when this container holds an established TCP connection
 to ``JETSERVE_NATS_URL`` (or ``NATS_URL``) and, where ``JETSERVE_HEALTH_NATS_MONITOR_URL`` names
-the server's monitoring endpoint, the server lists that connection with at least one
-subscription: the service is connected *and* has subscribed to its subjects.
+the server's monitoring endpoint (a cluster's, comma-separated: those that answer are asked), a
+server lists that connection with at least one subscription: the service is connected *and* has
+subscribed to its subjects.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import socket
 import sys
 import urllib.parse
 import urllib.request
+from typing import Any
 
 TIMEOUT_S = 3.0
 _ESTABLISHED = "01"
@@ -63,25 +65,41 @@ def _established_local_ports(remote_port: int) -> list[int]:
     return ports
 
 
+def _listed_connections(monitors: list[str]) -> list[dict[str, Any]]:
+    """Client connections listed by every monitoring endpoint that answers (a cluster's nodes);
+    fails only when none answers."""
+    conns: list[dict[str, Any]] = []
+    errors = []
+    timeout_s = max(1.0, TIMEOUT_S / len(monitors))  # all of them within the check's timeout
+    for monitor in monitors:
+        url = f"{monitor.rstrip('/')}/connz?subs=1&limit=1024"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+                conns += json.load(resp).get("connections") or []
+        except (OSError, ValueError) as exc:
+            errors.append(f"{url}: {exc}")
+    if len(errors) == len(monitors):
+        _fail("; ".join(errors))
+    return conns
+
+
 def check_nats() -> None:
     """Exit non-zero unless this container is connected (and subscribed) to NATS."""
     endpoints = _nats_endpoints()
     local_ports = [p for _, port in endpoints for p in _established_local_ports(port)]
     if not local_ports:
         _fail(f"no established connection to NATS at {endpoints}")
-    monitor = os.environ.get("JETSERVE_HEALTH_NATS_MONITOR_URL", "")
-    if not monitor:
+    monitors = [
+        m.strip() for m in os.environ.get("JETSERVE_HEALTH_NATS_MONITOR_URL", "").split(",")
+    ]
+    monitors = [m for m in monitors if m]
+    if not monitors:
         return
     my_ip = socket.gethostbyname(socket.gethostname())
-    url = f"{monitor.rstrip('/')}/connz?subs=1&limit=1024"
-    try:
-        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:
-            conns = json.load(resp).get("connections") or []
-    except (OSError, ValueError) as exc:
-        _fail(f"{url}: {exc}")
+    conns = _listed_connections(monitors)
     mine = [c for c in conns if c.get("ip") == my_ip and c.get("port") in local_ports]
     if not mine:
-        _fail(f"the NATS server does not list {my_ip}:{local_ports}")
+        _fail(f"no NATS server lists {my_ip}:{local_ports}")
     if not any(c.get("subscriptions", 0) > 0 for c in mine):
         _fail("connected to NATS but subscribed to nothing")
 

@@ -4,38 +4,71 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import nats
+import nats.errors
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 
 log = structlog.get_logger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
+RECONNECT_WAIT_S = 0.5
+"""Wait before trying the same server again; with several seed URLs the next one is tried at
+once, so a lost cluster node costs about one connect round trip."""
+PING_INTERVAL_S = 10
+MAX_OUTSTANDING_PINGS = 3
+"""A server that vanished without closing the socket (a host lost, a partition) is noticed
+after ``PING_INTERVAL_S * MAX_OUTSTANDING_PINGS`` (30 s) rather than nats-py's 4 minutes."""
 
 
-async def connect(url: str, *, name: str, **kwargs: Any) -> Client:
-    """Connect to NATS with endless reconnects; log state changes instead of raising."""
+Hook = Callable[[], Awaitable[None]]
+
+
+async def connect(
+    url: str,
+    *,
+    name: str,
+    on_lost: Hook | None = None,
+    on_back: Hook | None = None,
+    **kwargs: Any,
+) -> Client:
+    """Connect to NATS with endless reconnects; log state changes instead of raising.
+
+    ``url`` may list several servers, comma-separated (a cluster's seed URLs): nats-py picks
+    them in random order, so services spread over the nodes, and reconnects to another one when
+    its node goes; publishes made meanwhile wait in the pending buffer. ``on_lost`` is awaited
+    when the connection drops, ``on_back`` when it is up again (subscriptions already replayed).
+    """
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats_error", error=str(exc))
 
     async def on_disconnected() -> None:
         log.warning("nats_disconnected")
+        if on_lost is not None:
+            await on_lost()
 
     async def on_reconnected() -> None:
-        log.info("nats_reconnected")
+        # ``nc`` is bound by then: callbacks run only after the first connect returned.
+        log.info("nats_reconnected", server=nc.connected_url and nc.connected_url.netloc)
+        if on_back is not None:
+            await on_back()
 
     servers = [s.strip() for s in url.split(",") if s.strip()]
-    return await nats.connect(
+    nc = await nats.connect(
         servers,
         name=name,
         connect_timeout=CONNECT_TIMEOUT_S,
         max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
+        reconnect_time_wait=RECONNECT_WAIT_S,
+        ping_interval=PING_INTERVAL_S,
+        max_outstanding_pings=MAX_OUTSTANDING_PINGS,
         allow_reconnect=True,
         error_cb=on_error,
         disconnected_cb=on_disconnected,
@@ -44,6 +77,20 @@ async def connect(url: str, *, name: str, **kwargs: Any) -> Client:
         flusher_queue_size=4096,
         **kwargs,
     )
+    return nc
+
+
+async def consumer_alive(sub: JetStreamContext.PushSubscription, timeout_s: float) -> bool | None:
+    """Whether the server still has ``sub``'s consumer: ``False`` when it says it has none (a
+    restarted server forgets ephemeral consumers, and nats-py notices only after two missed
+    idle heartbeats, 10 s), ``None`` when it cannot be asked now (disconnected, no answer)."""
+    try:
+        await asyncio.wait_for(sub.consumer_info(), timeout_s)
+    except NotFoundError:  # no such consumer, or no such stream
+        return False
+    except (nats.errors.Error, TimeoutError):
+        return None
+    return True
 
 
 def no_responders(msg: Msg) -> str | None:

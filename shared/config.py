@@ -482,6 +482,14 @@ class CommonConfig:
         common=True,
         aliases=("LOG_FORMAT",),
     )
+    js_replicas: int = setting(
+        1,
+        "Replicas of the JetStream streams, KV buckets and object stores this service creates "
+        "(3 on a 3-node NATS cluster); an existing one with fewer is scaled up, never down",
+        ge=1,
+        le=5,
+        common=True,
+    )
     metrics_port: int = setting(0, "Port for Prometheus /metrics (0 = off)", ge=0, le=65535)
     shutdown_grace_s: float = setting(
         10.0, "On SIGTERM, how long in-flight work may take before it is cancelled", ge=0

@@ -2,7 +2,8 @@
 
 ``<NS>_KV_EVENTS`` holds every worker's ``KvEventBatch`` on ``<ns>.v1.kv.<worker_id>``, kept
 by age and size (a router that falls behind retention asks workers for dumps). Creating it is
-idempotent: an existing stream with other limits is updated to these.
+idempotent: an existing stream with other limits is updated to these, and its replicas are only
+ever raised.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import structlog
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig, StreamInfo
 from nats.js.client import JetStreamContext
-from nats.js.errors import BadRequestError
+from nats.js.errors import APIError, NotFoundError
 
+from shared.registry.jetstream import wait_replicated
 from shared.subjects import Subjects
 
 log = structlog.get_logger(__name__)
@@ -20,8 +22,6 @@ DEFAULT_MAX_AGE_S = 3600.0
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 DUPLICATE_WINDOW_S = 120.0
 """Workers set ``Nats-Msg-Id`` per batch, so a retried publish is stored once."""
-STREAM_NAME_IN_USE = 10058
-"""JetStream's error code for "stream name already in use with a different configuration"."""
 
 
 def kv_stream_config(
@@ -53,13 +53,46 @@ async def ensure_kv_stream(
     max_bytes: int = DEFAULT_MAX_BYTES,
     replicas: int = 1,
 ) -> StreamInfo:
-    """Create the KV-events stream, or update its limits if it exists with others."""
+    """Create the KV-events stream, or update its limits if it exists with others.
+
+    An existing stream keeps its replicas when it has more than ``replicas`` (a router left at
+    the default must not undo a cluster's R3); it is scaled up when it has fewer and the server
+    allows, else that is a warning and the limits are updated all the same.
+    """
     config = kv_stream_config(subjects, max_age_s=max_age_s, max_bytes=max_bytes, replicas=replicas)
     try:
         return await js.add_stream(config)
-    except BadRequestError as exc:
-        if exc.err_code != STREAM_NAME_IN_USE:
+    except APIError as exc:
+        # "Name already in use" (other limits), or "replicas > 1 not supported" for a stream
+        # that exists: update it below. Any other failure of a stream that does not exist is
+        # the add's own error.
+        try:
+            existing = await js.stream_info(config.name or "")
+        except NotFoundError:
+            raise exc from None
+    have = existing.config.num_replicas or 1
+    if have > replicas:
+        config = config.evolve(num_replicas=have)
+    try:
+        info = await js.update_stream(config)
+    except APIError as exc:
+        if have >= replicas:
             raise
-    info = await js.update_stream(config)
-    log.info("kv_stream_updated", stream=config.name, max_age_s=max_age_s, max_bytes=max_bytes)
+        log.warning(
+            "jetstream_replicas_not_raised",
+            stream=config.name,
+            replicas=have,
+            wanted=replicas,
+            error=exc.description,
+        )
+        info = await js.update_stream(config.evolve(num_replicas=have))
+    if (info.config.num_replicas or 1) > have:
+        await wait_replicated(js, info.config.name or "", replicas)
+    log.info(
+        "kv_stream_updated",
+        stream=config.name,
+        max_age_s=max_age_s,
+        max_bytes=max_bytes,
+        replicas=info.config.num_replicas,
+    )
     return info

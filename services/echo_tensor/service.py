@@ -65,7 +65,11 @@ class EchoTensorService:
         )
         card = WorkerCard(worker_id=self.worker_id, model=config.model_name, kind="echo_tensor")
         self._registration = WorkerRegistration(
-            nc.jetstream(), self._subjects, card, ttl_s=config.worker_ttl_s
+            nc.jetstream(),
+            self._subjects,
+            card,
+            ttl_s=config.worker_ttl_s,
+            replicas=config.js_replicas,
         )
         self._sub: Subscription | None = None
 
@@ -82,7 +86,9 @@ class EchoTensorService:
             kind="tensor",
             tensor_spec=self.spec,
         )
-        await publish_model_card(self._nc.jetstream(), self._subjects, card)
+        await publish_model_card(
+            self._nc.jetstream(), self._subjects, card, replicas=self._config.js_replicas
+        )
         subject = self._subjects.tensor_infer(self.worker_id)
         self._sub = await self._nc.subscribe(subject, cb=self._on_infer_msg)
         await barrier(self._nc)  # subscribed on the server before the card says "ready"

@@ -54,6 +54,7 @@ class WorkerPublisher:
         metrics: MockerMetrics,
         *,
         kv_stream_limits: tuple[float, int] | None = None,
+        replicas: int = 1,
     ) -> None:
         self.worker_id = worker_id
         self.events = KvEventLog(worker_id)
@@ -63,6 +64,7 @@ class WorkerPublisher:
         self._engine = engine
         self._metrics = metrics
         self._kv_stream_limits = kv_stream_limits
+        self._replicas = replicas
         self._load = LoadReporter(LOAD_INTERVAL_S)
         self._incarnation = secrets.token_hex(4)
         self._wake = asyncio.Event()
@@ -196,9 +198,13 @@ class WorkerPublisher:
 
     async def _ensure_stream(self) -> None:
         if self._kv_stream_limits is None:
-            await ensure_kv_stream(self._js, self._subjects)
+            await ensure_kv_stream(self._js, self._subjects, replicas=self._replicas)
         else:
             max_age_s, max_bytes = self._kv_stream_limits
             await ensure_kv_stream(
-                self._js, self._subjects, max_age_s=max_age_s, max_bytes=max_bytes
+                self._js,
+                self._subjects,
+                max_age_s=max_age_s,
+                max_bytes=max_bytes,
+                replicas=self._replicas,
             )

@@ -59,12 +59,14 @@ class Mocker:
             eos_token_ids=model.eos_token_ids,
             created=int(time.time()),
         )
-        await publish_model(js, self._subjects, card, model.model_dir)
+        replicas = self.config.js_replicas
+        await publish_model(js, self._subjects, card, model.model_dir, replicas=replicas)
         await ensure_kv_stream(
             js,
             self._subjects,
             max_age_s=self.config.kv_stream_max_age_s,
             max_bytes=self.config.kv_stream_max_bytes,
+            replicas=replicas,
         )
         for worker_id in self.config.worker_ids():
             worker = MockWorker(

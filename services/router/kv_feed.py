@@ -4,6 +4,11 @@ Every replica reads every worker's ``KvEventBatch`` from ``<NS>_KV_EVENTS`` with
 ephemeral ordered consumer, starting after the sequence its snapshot covers. A per-worker
 ``event_id`` gap (``KvSync`` says ``GAP``) becomes a ``KvDumpRequest`` to that worker; the reply
 replaces the worker's blocks. No reply: the held batches are applied anyway (best effort).
+
+A restarted nats-server keeps the stream (file storage) but forgets the ephemeral consumer, and
+nats-py would notice only after two missed idle heartbeats (10 s): a guard asks the server for
+the consumer every ``CONSUMER_CHECK_S`` and, when it is gone, consumes again from the sequence
+after the last one applied.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from services.router.metrics import RouterMetrics
 from services.router.sync import KvSync, Outcome
 from shared import codec
+from shared.bus import consumer_alive
 from shared.kv_stream import ensure_kv_stream
 from shared.messages import KvDump, KvDumpRequest, KvEventBatch
 from shared.subjects import Subjects
@@ -30,6 +37,9 @@ from shared.subjects import Subjects
 log = structlog.get_logger(__name__)
 
 MAX_DUMP_ATTEMPTS = 3
+CONSUMER_CHECK_S = 1.0
+"""How often the feed asks the server whether its consumer still exists."""
+CONSUMER_CHECK_TIMEOUT_S = 1.0
 
 
 class KvFeed:
@@ -59,9 +69,12 @@ class KvFeed:
         self._caught_up = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._attempts: dict[str, int] = {}
+        self._limits: tuple[float, int] = (0.0, 0)
+        self._guard: asyncio.Task[None] | None = None
 
     async def start(self, *, max_age_s: float, max_bytes: int) -> None:
         """Ensure the stream, then consume it from the sequence after the index's."""
+        self._limits = (max_age_s, max_bytes)
         info = await ensure_kv_stream(
             self._js, self._subjects, max_age_s=max_age_s, max_bytes=max_bytes
         )
@@ -69,6 +82,11 @@ class KvFeed:
         start = self.sync.stream_seq + 1
         if self._target_seq < start:
             self._caught_up.set()
+        await self._subscribe(start)
+        self._guard = asyncio.create_task(self._keep_consuming(), name="kv-feed-guard")
+        log.info("kv_feed_started", start_seq=start, stream_last_seq=self._target_seq)
+
+    async def _subscribe(self, start: int) -> None:
         config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start)
         self._sub = await self._js.subscribe(
             self._subjects.kv_events_all,
@@ -77,7 +95,40 @@ class KvFeed:
             ordered_consumer=True,
             config=config,
         )
-        log.info("kv_feed_started", start_seq=start, stream_last_seq=self._target_seq)
+
+    async def _keep_consuming(self) -> None:
+        """Forever: when the server lost the consumer, consume again after the last sequence."""
+        while True:
+            await asyncio.sleep(CONSUMER_CHECK_S)
+            sub = self._sub  # None: the last attempt to consume again failed
+            if sub is not None and await consumer_alive(sub, CONSUMER_CHECK_TIMEOUT_S) is not False:
+                continue
+            try:
+                await self._resubscribe()
+            except (nats.errors.Error, TimeoutError) as exc:
+                log.warning("kv_feed_resubscribe_failed", error=repr(exc))
+
+    async def _resubscribe(self) -> None:
+        old, self._sub = self._sub, None
+        if old is not None:  # what it still holds unread is delivered again by the new one
+            with contextlib.suppress(Exception):
+                await old.unsubscribe()
+        try:
+            last_seq = (await self._js.stream_info(self._subjects.kv_stream)).state.last_seq
+        except NotFoundError:  # a server that lost its store: the stream starts over
+            max_age_s, max_bytes = self._limits
+            info = await ensure_kv_stream(
+                self._js, self._subjects, max_age_s=max_age_s, max_bytes=max_bytes
+            )
+            last_seq = info.state.last_seq
+        if last_seq < self.sync.stream_seq:
+            # A server that lost its store numbers a new stream from 1: consume it from there.
+            # Workers' event ids go on, so the next batch of each is a gap and brings a dump.
+            log.warning("kv_stream_restarted", at_seq=self.sync.stream_seq, last_seq=last_seq)
+            self.sync.stream_seq = last_seq
+        start = self.sync.stream_seq + 1
+        await self._subscribe(start)
+        log.info("kv_feed_resubscribed", start_seq=start, stream_last_seq=last_seq)
 
     async def wait_caught_up(self, timeout_s: float) -> bool:
         """True once the stream as it was at ``start`` has been consumed (False on timeout)."""
@@ -89,6 +140,10 @@ class KvFeed:
         return True
 
     async def stop(self) -> None:
+        if self._guard is not None:
+            self._guard.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._guard
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
@@ -120,11 +175,12 @@ class KvFeed:
         for outcome in outcomes:
             self._metrics.kv_events.labels(outcome.value).inc()
             if outcome is Outcome.GAP:
-                self._request_dump(worker_id)
+                self.request_dump(worker_id)
             elif outcome is Outcome.APPLIED:
                 self._attempts.pop(worker_id, None)
 
-    def _request_dump(self, worker_id: str) -> None:
+    def request_dump(self, worker_id: str) -> None:
+        """Ask the worker for all it caches (a gap in its events, or it came back)."""
         attempts = self._attempts.get(worker_id, 0) + 1
         self._attempts[worker_id] = attempts
         log.warning("kv_event_gap", worker_id=worker_id, attempt=attempts)

@@ -48,7 +48,7 @@ from shared.messages import (
     WorkerLost,
 )
 from shared.metrics import ServiceMetrics
-from shared.registry import WorkerDirectory, is_live
+from shared.registry import WorkerDirectory
 from shared.subjects import Subjects
 from shared.tasks import TaskSet
 
@@ -57,6 +57,8 @@ log = structlog.get_logger(__name__)
 QUEUE_GROUP = "router"
 MAX_ATTEMPTS = 3
 SWEEP_INTERVAL_S = 1.0
+RECONNECT_GRACE_S = 2.0
+"""After this router reconnects to NATS, how long a worker's "no responders" proves nothing."""
 
 Attempt = tuple[Generate, tuple[str, ...]]
 """A forwarded request and the workers tried so far."""
@@ -121,6 +123,8 @@ class Router:
         self._tasks = TaskSet()
         self._workers = WorkerTracker(config.worker_ttl_s)
         self.liveness = Liveness(config.worker_unresponsive_s)
+        self._reconnects = 0
+        self._reconnected_at = -RECONNECT_GRACE_S
         self._is_debug = log.is_enabled_for(logging.DEBUG)
         """Per-request lines are DEBUG; at INFO their fields are not even built."""
 
@@ -297,16 +301,33 @@ class Router:
         interval_s = self._config.probe_interval_s
         while True:
             await asyncio.sleep(interval_s)
+            if not self._nc.is_connected:
+                continue
             for worker_id in self.liveness.due(self.core.load.workers(), self._clock()):
                 self._tasks.spawn(self._probe(worker_id), name=f"probe-{worker_id}")
 
+    def _just_reconnected(self) -> bool:
+        """True for a while after this router's connection came back: workers reconnect too,
+        a moment later, and "no responders" from them then says nothing."""
+        reconnects = self._nc.stats["reconnects"]
+        now = time.monotonic()
+        if reconnects != self._reconnects:
+            self._reconnects, self._reconnected_at = reconnects, now
+        return now - self._reconnected_at < RECONNECT_GRACE_S
+
     async def _probe(self, worker_id: str) -> None:
         """Ping one worker: an answer, "no responders" (lost now), or a timeout (silence)."""
+        if not self._nc.is_connected or self._just_reconnected():
+            self.liveness.dropped(worker_id)
+            return
         try:
             await self._nc.request(
                 self._subjects.worker_ping(worker_id), b"", timeout=self._config.probe_timeout_s
             )
         except nats.errors.NoRespondersError:
+            if self._just_reconnected():
+                self.liveness.dropped(worker_id)
+                return
             await self._lose(worker_id, "no_responders")
         except nats.errors.TimeoutError:
             if self.liveness.timed_out(worker_id, self._clock()):
@@ -337,13 +358,13 @@ class Router:
     def _prune(self) -> None:
         """Drop the state of workers that left the registry (``WorkerTracker`` decides which)."""
         now = self._clock()
-        ttl_s = self._config.worker_ttl_s
         cards = self._directory.view.cards
         for worker_id in self.liveness.revive(cards.values(), now):
             log.info("worker_back", worker_id=worker_id)
-        live = {
-            w for w, c in cards.items() if is_live(c, now, ttl_s) and not self.liveness.is_lost(c)
-        }
+            if self.feed is not None:  # its blocks were dropped with it: learn them again
+                self.feed.request_dump(worker_id)
+        is_live = self._directory.is_live  # time the registry could not be watched is excused
+        live = {w for w, c in cards.items() if is_live(c) and not self.liveness.is_lost(c)}
         for worker_id in self._workers.departed(self.core.known_workers(), live, now):
             if self.core.remove_worker(worker_id):
                 log.info("worker_dropped", worker_id=worker_id)

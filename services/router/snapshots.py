@@ -20,6 +20,7 @@ import structlog
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
     KeyWrongLastSequenceError,
+    NoStreamResponseError,
     NotFoundError,
     ObjectNotFoundError,
 )
@@ -38,19 +39,25 @@ SNAPSHOT_OBJECT = "kv-index"
 LEASE_KEY = "snapshot-writer"
 
 
-async def router_store(js: JetStreamContext, subjects: Subjects) -> ObjectStore:
-    """Open the router object store, creating it if needed."""
-    return await open_object_store(js, subjects.router_store)
+async def router_store(
+    js: JetStreamContext, subjects: Subjects, *, replicas: int = 1
+) -> ObjectStore:
+    """Open the router object store, creating it (``replicas`` replicas) if needed."""
+    return await open_object_store(js, subjects.router_store, replicas=replicas)
 
 
-async def lease_bucket(js: JetStreamContext, subjects: Subjects, ttl_s: float) -> KeyValue:
+async def lease_bucket(
+    js: JetStreamContext, subjects: Subjects, ttl_s: float, *, replicas: int = 1
+) -> KeyValue:
     """Open the lease bucket, creating it with max age ``ttl_s`` if needed."""
-    return await open_kv(js, subjects.router_lease_bucket, ttl_s)
+    return await open_kv(js, subjects.router_lease_bucket, ttl_s, replicas=replicas)
 
 
-async def load_snapshot(js: JetStreamContext, subjects: Subjects) -> IndexSnapshot | None:
+async def load_snapshot(
+    js: JetStreamContext, subjects: Subjects, *, replicas: int = 1
+) -> IndexSnapshot | None:
     """The newest snapshot, or ``None`` when there is none (or it cannot be read)."""
-    store = await router_store(js, subjects)
+    store = await router_store(js, subjects, replicas=replicas)
     try:
         result = await store.get(SNAPSHOT_OBJECT)
     except (ObjectNotFoundError, NotFoundError):
@@ -106,9 +113,11 @@ class SnapshotWriter:
         router_id: str,
         interval_s: float,
         lease_ttl_s: float,
+        replicas: int = 1,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._js = js
+        self._replicas = replicas
         self._subjects = subjects
         self._sync = sync
         self._metrics = metrics
@@ -122,12 +131,16 @@ class SnapshotWriter:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._store = await router_store(self._js, self._subjects)
-        self.lease = Lease(
-            await lease_bucket(self._js, self._subjects, self._lease_ttl_s), self._router_id
-        )
+        await self._open()
         if self._interval_s > 0:
             self._task = asyncio.create_task(self._loop(), name="router-snapshots")
+
+    async def _open(self) -> None:
+        """Open (or create) the object store and the lease bucket."""
+        replicas = self._replicas
+        self._store = await router_store(self._js, self._subjects, replicas=replicas)
+        kv = await lease_bucket(self._js, self._subjects, self._lease_ttl_s, replicas=replicas)
+        self.lease = Lease(kv, self._router_id)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -138,17 +151,22 @@ class SnapshotWriter:
             await self.lease.release()
 
     async def _loop(self) -> None:
-        assert self.lease is not None
         tick_s = max(0.05, min(self._interval_s, self._lease_ttl_s / 3))
         last_write = self._clock()
         while True:
             await asyncio.sleep(tick_s)
             try:
+                assert self.lease is not None
                 if not await self.lease.refresh():
                     continue
                 if self._clock() - last_write >= self._interval_s:
                     await self.write()
                     last_write = self._clock()
+            except NoStreamResponseError:
+                # A nats-server that lost its store lost the lease bucket and the store too.
+                log.warning("snapshot_store_missing")
+                with contextlib.suppress(nats.errors.Error, OSError):
+                    await self._open()
             except (nats.errors.Error, OSError) as exc:
                 log.warning("snapshot_failed", error=repr(exc))
 

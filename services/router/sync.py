@@ -10,6 +10,10 @@ returns. Each worker numbers its ``KvEventBatch``es 1, 2, 3, ... with no gaps, s
   blocks and the held batches newer than the dump are applied;
 * ``event_id == 1`` from a worker seen before means it restarted under the same id (the stream
   delivers each message once): its old blocks are dropped and the batch applied.
+
+A stream sequence at or below the last one consumed is a redelivery (a consumer re-created
+after a nats-server restart starts where this one stopped, and may overlap): it is skipped
+before any of the rules above, so a replayed batch 1 never looks like a restarted worker.
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ class KvSync:
     def on_batch(self, batch: KvEventBatch, stream_seq: int = 0) -> Outcome:
         """Consume one stream message (its stream sequence, when known)."""
         if stream_seq:
-            self.stream_seq = max(self.stream_seq, stream_seq)
+            if stream_seq <= self.stream_seq:
+                return Outcome.DUPLICATE
+            self.stream_seq = stream_seq
         worker_id = batch.worker_id
         waiting = self.held.get(worker_id)
         if waiting is not None:

@@ -1,52 +1,144 @@
-"""JetStream helpers: race-safe bucket and object-store creation, bounded object reads, digests."""
+"""JetStream helpers: race-safe bucket and object-store creation at a replica count, bounded object
+reads, digests."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import hashlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
+import nats.errors
 import structlog
 from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
-from nats.js.client import JetStreamContext
-from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError, ObjectNotFoundError
+from nats.js.client import KV_STREAM_TEMPLATE, JetStreamContext
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    BucketNotFoundError,
+    NotFoundError,
+    ObjectNotFoundError,
+)
 from nats.js.kv import KeyValue
-from nats.js.object_store import ObjectStore
+from nats.js.object_store import OBJ_STREAM_TEMPLATE, ObjectStore
 
 log = structlog.get_logger(__name__)
 
 FETCH_TIMEOUT_S = 10.0
 FETCH_ATTEMPTS = 3
 
+REPLICATE_TIMEOUT_S = 10.0
+REPLICATE_POLL_S = 0.1
 
-async def open_kv(js: JetStreamContext, bucket: str, ttl_s: float) -> KeyValue:
+T = TypeVar("T")
+
+
+async def open_kv(
+    js: JetStreamContext, bucket: str, ttl_s: float, *, replicas: int = 1
+) -> KeyValue:
     """Open a KV bucket, creating it (history 1, max age ``ttl_s``) if it does not exist.
 
     Services start together, so two may find the bucket missing and both create it; the
     loser's create fails when its settings differ ("stream name already in use"), and then it
-    opens the winner's bucket.
+    opens the winner's bucket. Either way the bucket ends with at least ``replicas`` replicas
+    (see :func:`ensure_replicas`).
     """
     try:
-        return await js.key_value(bucket)
+        kv = await js.key_value(bucket)
     except BucketNotFoundError:
-        config = KeyValueConfig(bucket=bucket, history=1, ttl=ttl_s, storage=StorageType.FILE)
+        config = KeyValueConfig(
+            bucket=bucket, history=1, ttl=ttl_s, storage=StorageType.FILE, replicas=replicas
+        )
         try:
             return await js.create_key_value(config=config)
-        except BadRequestError:
-            return await js.key_value(bucket)
+        except BadRequestError as exc:
+            kv = await _open_after_failed_create(js.key_value, bucket, exc)
+    await ensure_replicas(js, KV_STREAM_TEMPLATE.format(bucket=bucket), replicas)
+    return kv
 
 
-async def open_object_store(js: JetStreamContext, name: str) -> ObjectStore:
+async def open_object_store(js: JetStreamContext, name: str, *, replicas: int = 1) -> ObjectStore:
     """Open an object store, creating it if it does not exist (race-safe as ``open_kv``)."""
     try:
-        return await js.object_store(name)
+        store = await js.object_store(name)
     except (BucketNotFoundError, NotFoundError):
-        config = ObjectStoreConfig(bucket=name, storage=StorageType.FILE)
+        config = ObjectStoreConfig(bucket=name, storage=StorageType.FILE, replicas=replicas)
         try:
             # nats-py overwrites config.bucket with the ``bucket`` argument, so pass both.
             return await js.create_object_store(name, config=config)
-        except BadRequestError:
-            return await js.object_store(name)
+        except BadRequestError as exc:
+            store = await _open_after_failed_create(js.object_store, name, exc)
+    await ensure_replicas(js, OBJ_STREAM_TEMPLATE.format(bucket=name), replicas)
+    return store
+
+
+async def _open_after_failed_create(
+    open_: Callable[[str], Awaitable[T]], name: str, exc: BadRequestError
+) -> T:
+    """The bucket another service created first; else the create's own error (which names the
+    cause, e.g. "replicas > 1 not supported in non-clustered mode")."""
+    try:
+        return await open_(name)
+    except (BucketNotFoundError, NotFoundError):
+        raise exc from None
+
+
+async def ensure_replicas(js: JetStreamContext, stream: str, replicas: int) -> int:
+    """Scale ``stream`` up to ``replicas`` if it has fewer; return the replicas it has now.
+
+    Never scales down: a service left at the default of 1 (or one that only reads, and so
+    creates at 1 when it comes first) must not undo a cluster's replication. A raise the
+    server refuses (a single server, too few peers up) is a warning, not a crash: the
+    resource still works, unreplicated.
+    """
+    if replicas <= 1:
+        return replicas
+    info = await js.stream_info(stream)
+    have = info.config.num_replicas or 1
+    if have >= replicas:
+        return have
+    try:
+        await js.update_stream(info.config.evolve(num_replicas=replicas))
+    except APIError as exc:
+        log.warning(
+            "jetstream_replicas_not_raised",
+            stream=stream,
+            replicas=have,
+            wanted=replicas,
+            error=exc.description,
+        )
+        return have
+    log.info("jetstream_replicas_raised", stream=stream, replicas=replicas, was=have)
+    await wait_replicated(js, stream, replicas)
+    return replicas
+
+
+async def wait_replicated(
+    js: JetStreamContext, stream: str, replicas: int, *, timeout_s: float = REPLICATE_TIMEOUT_S
+) -> bool:
+    """Wait until ``stream`` has a leader and ``replicas - 1`` current followers.
+
+    Right after a scale-up the group elects a leader and the new peers catch up; a write in
+    that window can time out (a worker's first heartbeat did, and the worker crashed). False,
+    and a warning, when that takes longer than ``timeout_s``: the stream still works.
+    """
+    deadline = time.monotonic() + timeout_s
+    current = 0
+    while time.monotonic() < deadline:
+        try:
+            cluster = (await js.stream_info(stream)).cluster
+        except (APIError, nats.errors.TimeoutError):  # no leader yet
+            cluster = None
+        if cluster is not None and cluster.leader:
+            peers = cluster.replicas or []
+            current = 1 + sum(1 for p in peers if p.current and not p.offline)
+            if current >= replicas:
+                return True
+        await asyncio.sleep(REPLICATE_POLL_S)
+    log.warning("jetstream_replicas_not_current", stream=stream, replicas=replicas, current=current)
+    return False
 
 
 async def read_object(store: ObjectStore, name: str) -> bytes | None:

@@ -21,11 +21,15 @@ def object_name(model: str, file: str) -> str:
     return f"{model}/{file}"
 
 
-async def workers_bucket(js: JetStreamContext, subjects: Subjects, ttl_s: float) -> KeyValue:
+async def workers_bucket(
+    js: JetStreamContext, subjects: Subjects, ttl_s: float, *, replicas: int = 1
+) -> KeyValue:
     """Open the workers KV bucket, creating it (max age = ``ttl_s``) if it does not exist."""
-    return await open_kv(js, subjects.workers_bucket, ttl_s)
+    return await open_kv(js, subjects.workers_bucket, ttl_s, replicas=replicas)
 
 
-async def models_store(js: JetStreamContext, subjects: Subjects) -> ObjectStore:
+async def models_store(
+    js: JetStreamContext, subjects: Subjects, *, replicas: int = 1
+) -> ObjectStore:
     """Open the models object store, creating it if it does not exist."""
-    return await open_object_store(js, subjects.models_store)
+    return await open_object_store(js, subjects.models_store, replicas=replicas)

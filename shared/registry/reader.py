@@ -1,7 +1,9 @@
 """The reader side: live worker cards (``WorkerDirectory``) and model files (``ModelFiles``).
 
 A directory watches the workers bucket and expires cards by TTL locally, because max-age
-expiry sends watchers nothing.
+expiry sends watchers nothing. A restarted nats-server forgets the watch's consumer: the
+directory notices within a second or so, watches again (a fresh view of every key) and does
+not count the time it could not see the bucket against any card.
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import nats.errors
 import structlog
-from nats.js.client import JetStreamContext
-from nats.js.kv import KeyValue
+from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
+from nats.js.client import KV_PRE_TEMPLATE, KV_STREAM_TEMPLATE, JetStreamContext
+from nats.js.kv import KV_DEL, KV_MARKER_REASON, KV_OP, KV_PURGE
 from nats.js.object_store import ObjectStore
 
 from shared import codec
+from shared.bus import consumer_alive
 from shared.messages import ModelCard, WorkerCard
 from shared.registry.jetstream import read_object
 from shared.registry.layout import (
@@ -31,6 +37,11 @@ from shared.subjects import Subjects
 
 log = structlog.get_logger(__name__)
 
+WATCH_CHECK_S = 1.0
+"""How often the directory asks the server whether its watch still exists."""
+WATCH_CHECK_TIMEOUT_S = 1.0
+MAX_BLIND_SPANS = 8
+
 
 def is_live(card: WorkerCard, now: float, ttl_s: float) -> bool:
     """A card is live while its last heartbeat is younger than the TTL."""
@@ -39,10 +50,19 @@ def is_live(card: WorkerCard, now: float, ttl_s: float) -> bool:
 
 @dataclass
 class LiveWorkers:
-    """Worker cards seen so far, by id. Pure: the clock is passed in."""
+    """Worker cards seen so far, by id. Pure: the clock is passed in.
+
+    While the bucket cannot be watched (NATS down, the watch lost) no heartbeat can be seen,
+    so that time does not count against a card: otherwise an outage longer than the TTL would
+    look like every worker dying at once.
+    """
 
     ttl_s: float
     cards: dict[str, WorkerCard] = field(default_factory=dict)
+    blind: list[tuple[float, float]] = field(default_factory=list)
+    """Past spans of time when the bucket could not be watched."""
+    blind_since: float | None = None
+    """When the current blind span began (``None`` = watching)."""
 
     def put(self, card: WorkerCard) -> None:
         self.cards[card.worker_id] = card
@@ -50,20 +70,53 @@ class LiveWorkers:
     def remove(self, worker_id: str) -> WorkerCard | None:
         return self.cards.pop(worker_id, None)
 
+    def go_blind(self, now: float) -> bool:
+        """The bucket cannot be watched from ``now``; True when it could until now."""
+        if self.blind_since is not None:
+            return False
+        self.blind_since = now
+        return True
+
+    def see(self, now: float) -> bool:
+        """The bucket is watched again; True when it was not (the blind span is kept)."""
+        if self.blind_since is None:
+            return False
+        self.blind.append((self.blind_since, now))
+        del self.blind[:-MAX_BLIND_SPANS]
+        self.blind_since = None
+        return True
+
+    def age(self, card: WorkerCard, now: float) -> float:
+        """Seconds since the card's heartbeat, less the blind time since then."""
+        spans = self.blind if self.blind_since is None else [*self.blind, (self.blind_since, now)]
+        unseen = sum(
+            max(0.0, min(end, now) - max(start, card.heartbeat_at)) for start, end in spans
+        )
+        return now - card.heartbeat_at - unseen
+
+    def is_live(self, card: WorkerCard, now: float) -> bool:
+        """A card is live while its age (blind time excused) is under the TTL."""
+        return self.age(card, now) < self.ttl_s
+
     def for_model(self, model: str, now: float) -> list[WorkerCard]:
         """Live workers serving ``model``, ordered by worker id (stable for round-robin)."""
         return sorted(
-            (c for c in self.cards.values() if c.model == model and is_live(c, now, self.ttl_s)),
+            (c for c in self.cards.values() if c.model == model and self.is_live(c, now)),
             key=lambda c: c.worker_id,
         )
 
     def models(self, now: float) -> set[str]:
         """Models with at least one live worker."""
-        return {c.model for c in self.cards.values() if is_live(c, now, self.ttl_s)}
+        return {c.model for c in self.cards.values() if self.is_live(c, now)}
 
 
 class WorkerDirectory:
-    """Keeps a ``LiveWorkers`` view in sync with the workers bucket through a KV watch."""
+    """Keeps a ``LiveWorkers`` view in sync with the workers bucket through a KV watch.
+
+    The watch is an ordered push consumer on the bucket's stream (every key's latest value,
+    then every change); a guard task asks the server for it every ``WATCH_CHECK_S`` and watches
+    again when the server has lost it.
+    """
 
     def __init__(
         self,
@@ -79,38 +132,92 @@ class WorkerDirectory:
         self._clock = clock
         self._on_change = on_change
         self.view = LiveWorkers(ttl_s=ttl_s)
+        self._prefix = KV_PRE_TEMPLATE.format(bucket=subjects.workers_bucket)
+        self._sub: JetStreamContext.PushSubscription | None = None
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
 
     async def start(self) -> None:
         """Open the bucket and start watching; returns once the initial values are loaded."""
-        kv = await workers_bucket(self._js, self._subjects, self.view.ttl_s)
-        watcher = await kv.watchall()
-        self._task = asyncio.create_task(self._watch(watcher), name="worker-directory")
+        await workers_bucket(self._js, self._subjects, self.view.ttl_s)
+        await self._watch()
         await asyncio.wait_for(self._ready.wait(), timeout=10)
+        self._task = asyncio.create_task(self._guard(), name="worker-directory")
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
 
-    async def _watch(self, watcher: KeyValue.KeyWatcher) -> None:
-        async for entry in watcher:
-            if entry is None:  # end of the initial values
-                self._ready.set()
-                continue
-            if entry.operation in ("DEL", "PURGE") or not entry.value:
-                if self.view.remove(entry.key) is not None:
-                    log.info("worker_deregistered", worker_id=entry.key)
-            else:
-                card = codec.decode(entry.value, WorkerCard)
-                if card.worker_id not in self.view.cards:
-                    log.info("worker_registered", worker_id=card.worker_id, model=card.model)
-                self.view.put(card)
+    async def _watch(self) -> None:
+        """(Re)subscribe: every key's latest value, then every change, into ``view``."""
+        old, self._sub = self._sub, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.unsubscribe()
+        bucket = self._subjects.workers_bucket
+        sub = await self._js.subscribe(
+            f"{self._prefix}>",
+            stream=KV_STREAM_TEMPLATE.format(bucket=bucket),
+            cb=self._on_entry,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        )
+        self._sub = sub
+        info = await sub.consumer_info()
+        if info.num_pending == 0 and sub.delivered == 0:  # an empty bucket: nothing will come
             self._ready.set()
-            if self._on_change is not None:
-                self._on_change()
+
+    async def _on_entry(self, msg: Msg) -> None:
+        key = msg.subject[len(self._prefix) :]
+        headers = msg.headers or {}
+        if not msg.data or headers.get(KV_OP) in (KV_DEL, KV_PURGE) or KV_MARKER_REASON in headers:
+            if self.view.remove(key) is not None:
+                log.info("worker_deregistered", worker_id=key)
+        else:
+            try:
+                self._put(codec.decode(msg.data, WorkerCard))
+            except codec.DecodeError as exc:
+                log.warning("bad_worker_card", key=key, error=str(exc))
+        if msg.metadata.num_pending == 0:  # the initial values are in
+            self._ready.set()
+        if self._on_change is not None:
+            self._on_change()
+
+    def _put(self, card: WorkerCard) -> None:
+        if card.worker_id not in self.view.cards:
+            log.info("worker_registered", worker_id=card.worker_id, model=card.model)
+        self.view.put(card)
+
+    async def _guard(self) -> None:
+        """Forever: check the watch; when the server lost it, watch again (a fresh view)."""
+        while True:
+            await asyncio.sleep(WATCH_CHECK_S)
+            sub = self._sub  # None: the last attempt to watch again failed
+            alive = False if sub is None else await consumer_alive(sub, WATCH_CHECK_TIMEOUT_S)
+            if alive:
+                if self.view.see(self._clock()):
+                    log.info("worker_directory_watching")
+                continue
+            if self.view.go_blind(self._clock()):
+                log.warning("worker_directory_blind", watch_lost=alive is False)
+            if alive is False:
+                try:
+                    # A server that lost its store lost the bucket too: the workers' next
+                    # heartbeats fill it again.
+                    await workers_bucket(self._js, self._subjects, self.view.ttl_s)
+                    await self._watch()
+                    log.info("worker_directory_rewatched", workers=len(self.view.cards))
+                except (nats.errors.Error, TimeoutError) as exc:
+                    log.warning("worker_directory_rewatch_failed", error=repr(exc))
+
+    def is_live(self, card: WorkerCard) -> bool:
+        """Whether ``card`` is live right now (time the bucket could not be watched excused)."""
+        return self.view.is_live(card, self._clock())
 
     def live(self, model: str) -> list[WorkerCard]:
         """Live workers for ``model`` right now."""

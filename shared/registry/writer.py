@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 
 import msgspec
+import nats.errors
 import structlog
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyWrongLastSequenceError
+from nats.js.errors import KeyWrongLastSequenceError, NoStreamResponseError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
@@ -39,6 +40,8 @@ log = structlog.get_logger(__name__)
 UPLOAD_LEASE_S = 30.0
 """How long another worker waits for the upload it leases; after that it uploads itself."""
 UPLOAD_POLL_S = 0.05
+HEARTBEAT_RETRY_S = 0.25
+"""After a failed heartbeat, try again this soon, so the card is fresh right after an outage."""
 
 
 async def publish_model(
@@ -48,10 +51,11 @@ async def publish_model(
     model_dir: Path,
     *,
     lease_s: float = UPLOAD_LEASE_S,
+    replicas: int = 1,
 ) -> None:
     """Upload the model's files (only those whose digest changed), then its card."""
-    store = await models_store(js, subjects)
-    leases = await open_kv(js, subjects.model_uploads_bucket, lease_s)
+    store = await models_store(js, subjects, replicas=replicas)
+    leases = await open_kv(js, subjects.model_uploads_bucket, lease_s, replicas=replicas)
     names: list[str] = []
     for file in MODEL_FILES:
         path = model_dir / file
@@ -67,11 +71,16 @@ async def publish_model(
 
 
 async def publish_model_card(
-    js: JetStreamContext, subjects: Subjects, card: ModelCard, *, lease_s: float = UPLOAD_LEASE_S
+    js: JetStreamContext,
+    subjects: Subjects,
+    card: ModelCard,
+    *,
+    lease_s: float = UPLOAD_LEASE_S,
+    replicas: int = 1,
 ) -> None:
     """Upload the card of a model that has no files (a tensor model), if it changed."""
-    store = await models_store(js, subjects)
-    leases = await open_kv(js, subjects.model_uploads_bucket, lease_s)
+    store = await models_store(js, subjects, replicas=replicas)
+    leases = await open_kv(js, subjects.model_uploads_bucket, lease_s, replicas=replicas)
     stored = msgspec.structs.replace(card, files=())
     await _put_if_changed(
         store, leases, object_name(card.model, CARD), codec.encode(stored), lease_s
@@ -112,16 +121,20 @@ class WorkerRegistration:
         card: WorkerCard,
         *,
         ttl_s: float = DEFAULT_WORKER_TTL_S,
+        replicas: int = 1,
     ) -> None:
         self._js = js
         self._subjects = subjects
         self._card = card
         self._ttl_s = ttl_s
+        self._replicas = replicas
         self._kv: KeyValue | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._kv = await workers_bucket(self._js, self._subjects, self._ttl_s)
+        self._kv = await workers_bucket(
+            self._js, self._subjects, self._ttl_s, replicas=self._replicas
+        )
         await self._beat()
         self._task = asyncio.create_task(self._loop(), name="worker-heartbeat")
 
@@ -135,12 +148,30 @@ class WorkerRegistration:
         await self._kv.put(card.worker_id, codec.encode(card))
 
     async def _loop(self) -> None:
+        """Beat every TTL/3; after a failure, every ``HEARTBEAT_RETRY_S`` until one lands."""
+        interval_s = self._ttl_s / 3
+        delay_s = interval_s
         while True:
-            await asyncio.sleep(self._ttl_s / 3)
+            await asyncio.sleep(delay_s)
             try:
-                await self._beat()
-            except Exception as exc:  # noqa: BLE001 - keep beating through NATS hiccups
-                log.warning("heartbeat_failed", error=str(exc))
+                # A put made while NATS is down waits in nats-py's buffer and lands as soon as
+                # the connection is back; the bound only decides when to try another.
+                await asyncio.wait_for(self._beat(), interval_s)
+            except NoStreamResponseError:  # a server that lost its store: create the bucket
+                log.warning("heartbeat_bucket_missing")
+                delay_s = min(HEARTBEAT_RETRY_S, interval_s)
+                with contextlib.suppress(nats.errors.Error, TimeoutError):
+                    self._kv = await workers_bucket(
+                        self._js, self._subjects, self._ttl_s, replicas=self._replicas
+                    )
+            except Exception as exc:  # noqa: BLE001 - keep beating through NATS outages
+                if delay_s == interval_s:
+                    log.warning("heartbeat_failed", error=repr(exc))
+                delay_s = min(HEARTBEAT_RETRY_S, interval_s)
+            else:
+                if delay_s != interval_s:
+                    log.info("heartbeat_resumed")
+                delay_s = interval_s
 
     async def stop(self) -> None:
         """Stop the heartbeat and delete the card (the worker leaves the registry at once)."""

@@ -53,7 +53,8 @@ async def running_router(
 
 
 class FakeWorker:
-    """A registered worker card plus a subscription that collects what the router sends it."""
+    """A registered worker card plus a subscription that collects what the router sends it; it
+    answers the routers' liveness probes, as every worker does (decision 017)."""
 
     def __init__(self, nc: Client, subjects: Subjects, worker_id: str) -> None:
         self.worker_id = worker_id
@@ -61,11 +62,13 @@ class FakeWorker:
         self._subjects = subjects
         self.received: asyncio.Queue[Generate] = asyncio.Queue()
         self._sub: Subscription | None = None
+        self._ping: Subscription | None = None
         card = WorkerCard(worker_id=worker_id, model=MODEL, block_size=16, kv_blocks=1024)
         self.registration = WorkerRegistration(nc.jetstream(), subjects, card)
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(self._subjects.generate(self.worker_id), cb=self._on)
+        self._ping = await self._nc.subscribe(self._subjects.worker_ping(self.worker_id), cb=_pong)
         await self.registration.start()
         await barrier(self._nc)
 
@@ -74,9 +77,14 @@ class FakeWorker:
 
     async def leave(self) -> None:
         await self.registration.stop()
-        if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
+        for sub in (self._sub, self._ping):
+            if sub is not None:
+                await sub.unsubscribe()
+        self._sub = self._ping = None
+
+
+async def _pong(msg: Msg) -> None:
+    await msg.respond(b"")
 
 
 @asynccontextmanager

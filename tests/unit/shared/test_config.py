@@ -199,6 +199,7 @@ def test_env_var_names_are_unique_per_service_and_carry_the_prefix() -> None:
         "JETSERVE_NAMESPACE",
         "JETSERVE_LOG_LEVEL",
         "JETSERVE_LOG_FORMAT",
+        "JETSERVE_JS_REPLICAS",
     }
     for service, cls in service_configs().items():
         names = cls.settings().env_vars()
