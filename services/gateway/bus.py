@@ -22,7 +22,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from services.gateway.config import GatewayConfig
-from services.gateway.errors import DuplicateRequestId, NoResponders
+from services.gateway.errors import ClientTooSlow, DuplicateRequestId, NoResponders
 from services.gateway.retry import RetryBudget, attempt_id
 from shared import codec
 from shared.bus import connect, no_responders
@@ -63,18 +63,35 @@ class Inbox:
     """One request's replies in arrival order, with at most one waiter.
 
     ``asyncio.Queue`` plus ``asyncio.timeout`` per wait cost more than this needs: one
-    consumer, no size bound, a timeout on every wait. Here a wait is one future and one timer.
+    consumer, a timeout on every wait. Here a wait is one future and one timer. The bytes
+    waiting for a slow client are bounded: past ``max_bytes`` the queue is dropped for one
+    ``ClientTooSlow`` error, and later replies are ignored.
     """
 
-    __slots__ = ("_items", "_waiter", "unreachable")
+    __slots__ = ("_bytes", "_items", "_waiter", "max_bytes", "unreachable")
 
-    def __init__(self, unreachable: str = "No preprocessor is running.") -> None:
+    def __init__(
+        self, unreachable: str = "No preprocessor is running.", max_bytes: int = 0
+    ) -> None:
         self._items: deque[ReplyItem] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._bytes = 0
+        self.max_bytes = max_bytes
+        """0 = no bound."""
         self.unreachable = unreachable
         """The error message when NATS answers "no responders" for this request."""
 
     def put_nowait(self, item: ReplyItem) -> None:
+        if self._bytes < 0:
+            return  # overflowed: the request is being ended
+        if isinstance(item, ResponseChunk):
+            self._bytes += len(item.data)
+            if self.max_bytes and self._bytes > self.max_bytes:
+                self._items.clear()
+                self._bytes = -1
+                item = ClientTooSlow(
+                    f"The client read too slowly: over {self.max_bytes} bytes were waiting."
+                )
         self._items.append(item)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -84,7 +101,10 @@ class Inbox:
         return not self._items
 
     def get_nowait(self) -> ReplyItem:
-        return self._items.popleft()
+        item = self._items.popleft()
+        if isinstance(item, ResponseChunk) and self._bytes > 0:
+            self._bytes -= len(item.data)
+        return item
 
     async def wait(self, timeout_s: float) -> bool:
         """Wait until an item is in (True) or ``timeout_s`` has passed (False)."""
@@ -137,7 +157,10 @@ class Reply:
             if not isinstance(item, ServiceError):
                 break
             if not await self._resubmitted(item):
-                self.close()
+                if isinstance(item, ClientTooSlow):
+                    self.cancel(item.code)  # the worker stops too
+                else:
+                    self.close()
                 raise item
         if isinstance(item, TensorResult):
             raise self._unexpected(item)
@@ -395,7 +418,8 @@ class GatewayBus:
             raise DuplicateRequestId(
                 f"Request id `{request_id}` is already in flight.", param="X-Request-Id"
             )
-        inbox = Inbox() if unreachable is None else Inbox(unreachable)
+        limit = self._config.max_buffered_bytes_per_request
+        inbox = Inbox(max_bytes=limit) if unreachable is None else Inbox(unreachable, limit)
         self._pending[request_id] = inbox
         try:
             # reply= makes NATS answer "no responders" at once when nobody listens.

@@ -66,6 +66,12 @@ class GatewayConfig(CommonConfig):
     stream_idle_timeout_s: float = setting(
         60.0, "Longest gap between two chunks of a streamed response", gt=0
     )
+    max_buffered_bytes_per_request: int = setting(
+        8 * 1024 * 1024,
+        "Response bytes a request may have waiting for a slow client; past it the stream ends "
+        "with client_too_slow and the worker stops. 0 = no bound",
+        ge=0,
+    )
     retry_budget_s: float = setting(
         5.0,
         "Resubmit a request that failed with a passing 503 (a hop restarting or draining, a "

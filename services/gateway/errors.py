@@ -14,6 +14,14 @@ class ClientDisconnected(ServiceError):
     type = "client_disconnected"
 
 
+class ClientTooSlow(ServiceError):
+    """A streaming client read so slowly that its backlog passed the gateway's bound."""
+
+    code = "client_too_slow"
+    status = 503
+    type = "service_unavailable"
+
+
 class MethodNotAllowed(InvalidRequest):
     code = "method_not_allowed"
     status = 405
