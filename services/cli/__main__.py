@@ -57,6 +57,9 @@ def _up(plan: UpPlan) -> int:
             nats_url=up.nats_url or None,
             namespace=str(plan.common["namespace"]),
             workers=up.workers,
+            routers=up.routers,
+            formatters=up.formatters,
+            preprocessors=up.preprocessors,
             tensor_workers=up.tensor_workers,
             model_path=str(model_path),
             model_name=up.model_name,
@@ -77,9 +80,12 @@ def _up(plan: UpPlan) -> int:
         print(f"jetserve up: {exc}\nlogs kept in {stack.run_dir}", file=sys.stderr)
         return 1
     tensors = f", tensor model echo on {up.tensor_workers} workers" if up.tensor_workers else ""
+    stages = {"preprocessor": up.preprocessors, "router": up.routers, "formatter": up.formatters}
+    replicas = "".join(f", {n} {name}s" for name, n in stages.items() if n > 1)
     print(
         f"JetServe is up: {stack.base_url}/v1 and gRPC (KServe v2) {stack.grpc_address}  "
-        f"(model {up.model_name}, {up.workers} mocker workers{tensors}, NATS {stack.nats_url})"
+        f"(model {up.model_name}, {up.workers} mocker workers{tensors}{replicas}, "
+        f"NATS {stack.nats_url})"
     )
     removed = "" if up.keep_run_dir or not stack.owns_run_dir else " (removed on a clean exit)"
     print(f"logs and pids: {stack.run_dir}{removed}    stop: Ctrl-C")

@@ -52,6 +52,17 @@ class UpConfig:
     )
     nats_url: str = setting("", "Use this NATS server instead of starting one (empty = start one)")
     workers: int = setting(2, "Mocker worker processes", ge=1)
+    routers: int = setting(
+        1,
+        "Router processes; replicas share KV events and decisions (N > 1: router-0, router-1…)",
+        ge=1,
+    )
+    formatters: int = setting(
+        1, "Formatter processes, one queue group (N > 1: formatter-0, formatter-1…)", ge=1
+    )
+    preprocessors: int = setting(
+        1, "Preprocessor processes, one queue group (N > 1: preprocessor-0, preprocessor-1…)", ge=1
+    )
     tensor_workers: int = setting(
         0,
         "Echo tensor worker processes (python -m services.echo_tensor): a KServe v2 tensor "

@@ -77,6 +77,16 @@ def nats_server_command(binary: str, port: int, store: Path) -> list[str]:
     return [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)]
 
 
+def replica_args(args: list[str], replica: int) -> list[str]:
+    """``args`` for process number ``replica`` of a service: a set ``--metrics-port P`` becomes
+    ``P + replica``, so replicas on one host do not fight over one port."""
+    out = list(args)
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--metrics-port" and out[i + 1].isdigit() and int(out[i + 1]) and replica:
+            out[i + 1] = str(int(out[i + 1]) + replica)
+    return out
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     """Linux: the child gets SIGTERM if the launcher dies, so nothing is left behind."""
     os.setsid()
@@ -115,6 +125,10 @@ class StackConfig:
     nats_url: str | None = None
     namespace: str = "jetserve"
     workers: int = 2
+    routers: int = 1
+    formatters: int = 1
+    preprocessors: int = 1
+    """Processes of each stage; one keeps the plain name (``router``), more are ``router-<i>``."""
     tensor_workers: int = 0
     """Echo tensor workers (``services.echo_tensor``), each serving the tensor model ``echo``."""
     router_mode: str | None = None
@@ -169,30 +183,48 @@ class Stack:
         self.grpc_port = cfg.grpc_port or free_port(cfg.http_host)
         if not self.nats_url:
             self._start_nats()
-        self._spawn("preprocessor", [])
-        self._spawn("formatter", [])
-        self._spawn("router", ["--router-mode", cfg.router_mode] if cfg.router_mode else [])
+        for name, cmd in self.plan():
+            self._popen(name, cmd)
+        self.wait_ready(ready_timeout_s)
+
+    def plan(self) -> list[tuple[str, list[str]]]:
+        """Every service process to start, in start order, as ``(name, command)``.
+
+        One process of a stage keeps the stage's name (``router``); more are ``router-0``,
+        ``router-1``…; workers are always ``mocker-<i>``. nats-server is not in the plan.
+        """
+        cfg = self.config
+        plan: list[tuple[str, list[str]]] = []
+        router_args = ["--router-mode", cfg.router_mode] if cfg.router_mode else []
         mocker_args = shlex.split(cfg.mocker_args)
         if cfg.model_path:
             mocker_args += ["--model-path", cfg.model_path]
         if cfg.model_name:
             mocker_args += ["--model-name", cfg.model_name]
-        for i in range(cfg.workers):
-            self._spawn("mocker", mocker_args, label=f"mocker-{i}")
-        for i in range(cfg.tensor_workers):
-            self._spawn("echo_tensor", [], label=f"echo_tensor-{i}")
-        self._spawn(
-            "gateway",
-            [
-                "--http-host",
-                cfg.http_host,
-                "--http-port",
-                str(self.http_port),
-                "--grpc-port",
-                str(self.grpc_port),
-            ],
-        )
-        self.wait_ready(ready_timeout_s)
+        for service, count, args in (
+            ("preprocessor", cfg.preprocessors, []),
+            ("formatter", cfg.formatters, []),
+            ("router", cfg.routers, router_args),
+        ):
+            plan += self._replicas(service, count, args, numbered=count > 1)
+        plan += self._replicas("mocker", cfg.workers, mocker_args, numbered=True)
+        plan += self._replicas("echo_tensor", cfg.tensor_workers, [], numbered=True)
+        gateway_args = ["--http-host", cfg.http_host, "--http-port", str(self.http_port)]
+        plan += self._replicas("gateway", 1, [*gateway_args, "--grpc-port", str(self.grpc_port)])
+        return plan
+
+    def _replicas(
+        self, service: str, count: int, args: list[str], *, numbered: bool = False
+    ) -> list[tuple[str, list[str]]]:
+        """``count`` processes of ``service``, named ``service-<i>`` when ``numbered``."""
+        extra = self.config.service_args.get(service, [])
+        return [
+            (
+                f"{service}-{i}" if numbered else service,
+                [sys.executable, "-m", f"services.{service}", *args, *replica_args(extra, i)],
+            )
+            for i in range(count)
+        ]
 
     def _start_nats(self) -> None:
         binary = nats_server_binary()
@@ -212,10 +244,6 @@ class Stack:
                 return
             time.sleep(0.02)
         raise StackError(f"nats-server did not listen on {port}")
-
-    def _spawn(self, service: str, args: list[str], *, label: str | None = None) -> None:
-        extra = self.config.service_args.get(service, [])
-        self._popen(label or service, [sys.executable, "-m", f"services.{service}", *args, *extra])
 
     def _popen(self, name: str, cmd: list[str]) -> None:
         self.children.append(self._launch(name, cmd))

@@ -167,3 +167,56 @@ def test_up_restarts_a_killed_mocker_and_goes_on_serving(tmp_path: Path, model_d
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_up_runs_replicas_of_each_stage_under_numbered_names(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """``--routers 2 --formatters 2 --preprocessors 2``: six stage processes, each with its own
+    pid file and log, serving; SIGTERM stops them all."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        _up(
+            *("--http-port", "0", "--grpc-port", "0", "--workers", "1"),
+            *("--routers", "2", "--formatters", "2", "--preprocessors", "2"),
+            *("--model-path", str(model_dir), "--mocker-speedup-ratio", "0"),
+            *("--run-dir", str(run_dir)),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "JETSERVE_NAMESPACE": "replicatest"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("JetServe is up: http://127.0.0.1:"), line or proc.stderr.read()
+        assert "2 preprocessors, 2 routers, 2 formatters" in line
+        base = line.split()[3]
+        pids = {p.stem: int(p.read_text()) for p in run_dir.glob("*.pid")}
+        stages = ("preprocessor", "router", "formatter")
+        assert sorted(pids) == sorted(
+            ["nats", "gateway", "mocker-0", *(f"{s}-{i}" for s in stages for i in (0, 1))]
+        )
+        assert all((run_dir / f"{name}.log").is_file() for name in pids)
+        for _ in range(4):
+            resp = httpx.post(
+                f"{base}/chat/completions",
+                json={
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 3,
+                },
+                timeout=30,
+            )
+            assert resp.status_code == 200, resp.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [name for name, p in pids.items() if _alive(p)] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

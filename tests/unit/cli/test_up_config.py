@@ -15,7 +15,7 @@ from services.cli.config import (
     service_configs,
     up_plan,
 )
-from services.cli.stack import Stack, StackConfig
+from services.cli.stack import Child, Stack, StackConfig, _stop_rank, replica_args
 
 
 def plan(*argv: str) -> UpPlan:
@@ -111,3 +111,69 @@ def test_only_a_temp_run_dir_is_removed(tmp_path: Path) -> None:
     (temp.run_dir / "router.log").write_text("x")
     assert temp.remove_run_dir() is True
     assert not temp.run_dir.exists()
+
+
+def test_one_process_per_stage_by_default() -> None:
+    up = plan().up
+    assert (up.routers, up.formatters, up.preprocessors) == (1, 1, 1)
+
+
+def test_replica_counts_come_from_flags_then_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JETSERVE_UP_ROUTERS", "3")
+    monkeypatch.setenv("JETSERVE_UP_PREPROCESSORS", "2")
+    up = plan("--routers", "2", "--formatters", "4").up
+    assert (up.routers, up.formatters, up.preprocessors) == (2, 4, 2)
+
+
+def test_zero_replicas_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--formatters", "0"])
+    assert "argument --formatters: must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_single_process_of_a_stage_keeps_its_plain_name(tmp_path: Path) -> None:
+    names = [name for name, _ in Stack(StackConfig(run_dir=tmp_path, workers=1)).plan()]
+    assert names == ["preprocessor", "formatter", "router", "mocker-0", "gateway"]
+
+
+def test_replicas_are_numbered_and_each_gets_the_stage_flags(tmp_path: Path) -> None:
+    config = StackConfig(
+        run_dir=tmp_path,
+        workers=1,
+        routers=2,
+        formatters=2,
+        preprocessors=3,
+        router_mode="kv",
+        service_args={"router": ["--temperature", "0.5"]},
+    )
+    commands = dict(Stack(config).plan())
+    assert list(commands) == [
+        *("preprocessor-0", "preprocessor-1", "preprocessor-2"),
+        *("formatter-0", "formatter-1", "router-0", "router-1", "mocker-0", "gateway"),
+    ]
+    for name in ("router-0", "router-1"):
+        assert commands[name][-6:] == [
+            *("-m", "services.router", "--router-mode", "kv", "--temperature", "0.5")
+        ]
+
+
+def test_replicas_serve_metrics_on_consecutive_ports(tmp_path: Path) -> None:
+    config = StackConfig(
+        run_dir=tmp_path, formatters=2, service_args={"formatter": ["--metrics-port", "9100"]}
+    )
+    commands = dict(Stack(config).plan())
+    assert commands["formatter-0"][-2:] == ["--metrics-port", "9100"]
+    assert commands["formatter-1"][-2:] == ["--metrics-port", "9101"]
+
+
+def test_replica_args_leave_an_unset_metrics_port_alone() -> None:
+    assert replica_args(["--metrics-port", "0", "--seed", "7"], 2) == [
+        *("--metrics-port", "0", "--seed", "7")
+    ]
+
+
+def test_replicas_stop_with_their_stage(tmp_path: Path) -> None:
+    stack = Stack(StackConfig(run_dir=tmp_path, routers=2))
+    ranks = {name: _stop_rank(Child(name, None, None)) for name, _ in stack.plan()}  # type: ignore[arg-type]
+    assert ranks["router-0"] == ranks["router-1"] == ranks["preprocessor"] == 1
+    assert ranks["gateway"] == 0
