@@ -28,7 +28,7 @@ from services.gateway.translate import (
     parse_completion,
     routing_headers,
 )
-from shared.errors import InternalError, ServiceError, ShuttingDown
+from shared.errors import InternalError, ServiceError
 from shared.messages import Preprocess, ResponseChunk
 
 log = structlog.get_logger(__name__)
@@ -51,7 +51,9 @@ _SSE_START = (
 
 @dataclass(slots=True)
 class Readiness:
-    """Whether the gateway takes new work; flipped once on SIGTERM."""
+    """Whether the gateway wants new work; flipped once on SIGTERM. Draining, it says so on
+    ``/health`` and gRPC readiness (load balancers stop sending) and closes its listeners, but
+    a request that still reaches it is served within the grace period."""
 
     is_shutting_down: bool = False
 
@@ -122,8 +124,6 @@ class Relay:
             completion = parse_completion(body)
             ctx.model = model = completion.model
             to_preprocess = partial(completion_to_preprocess, completion, headers=headers)
-        if self._readiness.is_shutting_down:
-            raise ShuttingDown("The gateway is shutting down.")
         await self._bus.check_model(model)
         now = time.time()
         preprocess = to_preprocess(

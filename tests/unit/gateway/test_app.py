@@ -39,12 +39,12 @@ async def test_lifespan_starts_and_stops_the_bus(bus: FakeBus) -> None:
     assert bus.stopped
 
 
-async def test_requests_while_shutting_down_are_503(
-    http: AsyncTestClient[Any], readiness: Readiness
+async def test_draining_says_so_on_health_but_serves_what_still_arrives(
+    http: AsyncTestClient[Any], readiness: Readiness, bus: FakeBus
 ) -> None:
     readiness.begin_shutdown()
     chat, health = await http.post("/v1/chat/completions", json=CHAT), await http.get("/health")
-    assert (chat.status_code, chat.json()["error"]["code"]) == (503, "shutting_down")
+    assert [r.request_id for r in bus.submitted] == [chat.headers["x-request-id"]]
     assert (health.status_code, health.json()["status"]) == (503, "shutting_down")
 
 

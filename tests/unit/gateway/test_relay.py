@@ -300,16 +300,6 @@ async def test_a_fresh_request_id_is_minted_and_sent_back() -> None:
             error_response(503, NO_WORKER_BODY, (b"retry-after", b"2")),
             id="503-upstream-failed",
         ),
-        pytest.param(
-            {"shutting_down": True},
-            error_response(
-                503,
-                b'{"error":{"message":"The gateway is shutting down.","type":'
-                b'"service_unavailable","code":"shutting_down","param":null}}',
-                (b"retry-after", b"1"),
-            ),
-            id="503-shutting-down",
-        ),
         pytest.param({}, error_response(504, TIMEOUT_BODY), id="504-first-event"),
         pytest.param(
             {"check_error": RuntimeError("boom")},
@@ -337,8 +327,6 @@ async def test_failure_before_the_first_event_is_its_own_response(
     bus, readiness = FakeBus(), Readiness()
     bus.check_error = kwargs.pop("check_error", None)
     bus.submit_error = kwargs.pop("submit_error", None)
-    if kwargs.pop("shutting_down", False):
-        readiness.begin_shutdown()
     done = await exchange(bus=bus, readiness=readiness, **kwargs)
     assert done.sent == expected
     assert done.access["status"] == expected[0]["status"]
