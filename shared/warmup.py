@@ -1,7 +1,9 @@
 """Load a model's tokenizer (and template) as soon as a worker for it registers.
 
 Without this the first request of each model pays the load (0.3-0.6 s idle, seconds under
-load) inside its time to first token, and can even hit the gateway's timeout.
+load) inside its time to first token, and can even hit the gateway's timeout. A service that
+(re)starts while workers are registered waits for ``ready()`` before it takes requests, so a
+restart under load is a short gap the gateway retries across, not seconds of queued requests.
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ class ModelWarmer:
     async def start(self) -> None:
         await self._directory.start()
         self._changed()
+
+    async def ready(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until the models served right now are loaded."""
+        pending = list(self._tasks)
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=timeout_s)
+            if late:
+                log.warning("model_warm_up_slow", waited_s=timeout_s, pending=len(late))
 
     async def stop(self) -> None:
         await self._directory.stop()

@@ -2,7 +2,7 @@
 when), until Ctrl-C/SIGTERM or a crash loop; say which ended it.
 
 Each restart is one line on the launcher's stderr and one appended to the process's own log:
-``jetserve up: mocker-0 exited with code -9; restart 1 in 0.5s`` then ``… restarted (pid N)``.
+``jetserve up: mocker-0 exited with code -9; restart 1 in 0.1s`` then ``… restarted (pid N)``.
 """
 
 from __future__ import annotations

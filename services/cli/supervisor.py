@@ -2,9 +2,9 @@
 compose's restart policy does, or give up on a crash loop. Pure: the caller passes the time
 and carries out the decision.
 
-A process that exits is restarted after ``backoff_s`` (0.5 s, doubling up to ``max_backoff_s``
-for one that keeps failing); one that stayed up for ``healthy_after_s`` starts again from the
-first backoff. ``max_restarts`` exits within ``window_s`` is a crash loop: the launcher stops
+A process that exits is restarted after ``backoff_s`` (0.1 s, where Docker's restart policy
+starts too; doubling up to ``max_backoff_s`` for one that keeps failing); one that stayed up for
+``healthy_after_s`` starts again from the first backoff. ``max_restarts`` exits within ``window_s`` is a crash loop: the launcher stops
 everything and says which process looped.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, slots=True)
 class RestartPolicy:
-    backoff_s: float = 0.5
+    backoff_s: float = 0.1
     max_backoff_s: float = 8.0
     healthy_after_s: float = 30.0
     """Up this long, a process counts as healthy again: the next restart waits ``backoff_s``."""

@@ -72,6 +72,8 @@ QUEUE_GROUP = "formatter"
 LEAVE_GRACE_S = 0.05
 """On shutdown, after telling preprocessors to stop direct opens, how long to keep taking the
 ones already on their way before draining."""
+WARM_BEFORE_SERVING_S = 30.0
+"""At start, the longest wait for the served models' tokenizers before taking streams."""
 STREAM_OPEN = codec.decoder(StreamOpen)
 CANCEL = codec.decoder(Cancel)
 WORKER_LOST = codec.decoder(WorkerLostNotice)
@@ -159,6 +161,10 @@ class FormatterService:
         self._subs.append(await nc.subscribe(subjects.cancel, cb=self._on_cancel_msg))
         self._subs.append(await nc.subscribe(subjects.worker_lost, cb=self._on_lost_msg))
         await self._unreachable.start()
+        # A restart while workers serve: load their tokenizers before taking streams.
+        self._warmer = ModelWarmer(nc.jetstream(), subjects, self._tokenizers.get)
+        await self._warmer.start()
+        await self._warmer.ready(WARM_BEFORE_SERVING_S)
         self._open_sub = await nc.subscribe(
             subjects.formatter_open, queue=QUEUE_GROUP, cb=self._on_open_msg
         )
@@ -167,8 +173,6 @@ class FormatterService:
         )
         await barrier(nc)
         self._tasks.spawn(self._sweep(), name="formatter-sweeper")
-        self._warmer = ModelWarmer(nc.jetstream(), subjects, self._tokenizers.get)
-        await self._warmer.start()
         log.info("formatter_started", formatter_id=formatter_id)
 
     async def stop(self) -> None:

@@ -65,6 +65,9 @@ OFFLOAD_CHARS = 8_000
 tokenized on a worker thread: ~2k tokens take ~2 ms, the thread hop ~0.1 ms idle but up to the
 GIL switch interval (5 ms) when the loop is busy, and ``encode_batch_fast`` releases the GIL."""
 
+WARM_BEFORE_SERVING_S = 30.0
+"""At start, the longest wait for the served models' tokenizers before taking requests."""
+
 OpenReply = StreamOpened | RequestFailed
 _OPEN_REPLIES: codec.Decoder[OpenReply] = codec.Decoder(OpenReply)
 
@@ -112,7 +115,10 @@ class Preprocessor:
         return self.metrics
 
     async def start(self) -> None:
-        """Join the ``preprocessor`` queue group; returns once the server knows it."""
+        """Load the models workers serve now, then join the ``preprocessor`` queue group;
+        returns once the server knows it."""
+        await self._warmer.start()
+        await self._warmer.ready(WARM_BEFORE_SERVING_S)
         await self._bounces.start()
         await self._open_bounces.start()
         on = self._boundary.handler
@@ -131,7 +137,6 @@ class Preprocessor:
             self._subjects.preprocess, queue=QUEUE, cb=on_preprocess
         )
         await barrier(self._nc)
-        await self._warmer.start()
 
     async def stop(self) -> None:
         """Stop taking requests; in-flight ones may finish within ``shutdown_grace_s``."""

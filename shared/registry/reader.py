@@ -25,7 +25,8 @@ from nats.js.object_store import ObjectStore
 from shared import codec
 from shared.bus import consumer_alive
 from shared.messages import ModelCard, WorkerCard
-from shared.registry.jetstream import read_object
+from shared.registry.disk_cache import DiskCache
+from shared.registry.jetstream import object_digest, read_object
 from shared.registry.layout import (
     CARD,
     DEFAULT_WORKER_TTL_S,
@@ -228,14 +229,21 @@ class WorkerDirectory:
         return self.view.models(self._clock())
 
 
+DISK_CACHE_MIN_BYTES = 64 * 1024
+"""Small files (cards, configs) are read from the store each time: caching them saves nothing."""
+
+
 class ModelFiles:
     """Reads model cards and files from the object store; caches them per model."""
 
-    def __init__(self, js: JetStreamContext, subjects: Subjects) -> None:
+    def __init__(
+        self, js: JetStreamContext, subjects: Subjects, *, disk: DiskCache | None = None
+    ) -> None:
         self._js = js
         self._subjects = subjects
         self._store: ObjectStore | None = None
         self._cache: dict[tuple[str, str], bytes] = {}
+        self._disk = disk or DiskCache()
 
     async def get(self, model: str, file: str) -> bytes | None:
         """One file of a model (``None`` if the model or the file was never published)."""
@@ -244,7 +252,15 @@ class ModelFiles:
             return self._cache[key]
         if self._store is None:
             self._store = await models_store(self._js, self._subjects)
-        data = await read_object(self._store, object_name(model, file))
+        name = object_name(model, file)
+        digest = await object_digest(self._store, name)
+        if digest is None:
+            return None
+        data = self._disk.get(digest)
+        if data is None:
+            data = await read_object(self._store, name)
+            if data is not None and len(data) >= DISK_CACHE_MIN_BYTES:
+                self._disk.put(data)
         if data is not None:
             self._cache[key] = data
         return data
