@@ -155,6 +155,9 @@ class Generate(Message, frozen=True):
     original request and the position (the mocker)."""
     reply_to: str = ""
     """The gateway's subject: a worker that finds the formatter gone fails the request there."""
+    attempt: int = 0
+    """0, then 1, 2… for each migration; the worker echoes it in its batches, so batches of an
+    abandoned attempt are told apart (decision 017)."""
 
 
 class TokenBatch(Message, frozen=True):
@@ -171,6 +174,8 @@ class TokenBatch(Message, frozen=True):
     stop_token_id: int | None = None
     """With ``finish_reason="stop"``: the EOS / stop token id that ended generation, which is the
     last id of ``token_ids`` (counted in usage, never shown as text)."""
+    attempt: int = 0
+    """``Generate.attempt`` of the request this batch belongs to."""
 
 
 class RequestFailed(Message, frozen=True):
@@ -212,6 +217,17 @@ class WorkerLost(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     request_ids: tuple[str, ...] = ()
     reason: str = "no_responders"
     router_id: str = ""
+
+
+class RouteQuery(Message, frozen=True):
+    """Formatter -> routers (queue group, request/reply): which worker has this request?"""
+
+
+class RouteStatus(Message, frozen=True):
+    """Router -> formatter: the worker the request was routed to, ``None`` if no router knows
+    it (it was lost before routing: a router died holding it)."""
+
+    worker_id: str | None = None
 
 
 class Migrated(Message, frozen=True):

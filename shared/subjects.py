@@ -70,6 +70,11 @@ class Subjects:
         """Preprocessor -> routers (queue group ``router``): unrouted ``Generate``."""
         return f"{self._p}.router.generate"
 
+    @property
+    def route_status(self) -> str:
+        """Formatter -> routers (queue group ``router``), request/reply: ``RouteQuery``."""
+        return f"{self._p}.router.status"
+
     def generate(self, worker_id: str) -> str:
         """Router -> one worker."""
         return f"{self._p}.worker.{worker_id}.generate"

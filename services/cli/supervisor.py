@@ -4,8 +4,8 @@ and carries out the decision.
 
 A process that exits is restarted after ``backoff_s`` (0.1 s, where Docker's restart policy
 starts too; doubling up to ``max_backoff_s`` for one that keeps failing); one that stayed up for
-``healthy_after_s`` starts again from the first backoff. ``max_restarts`` exits within ``window_s`` is a crash loop: the launcher stops
-everything and says which process looped.
+``healthy_after_s`` starts again from the first backoff. ``max_restarts`` exits within
+``window_s`` is a crash loop: the launcher stops everything and says which process looped.
 """
 
 from __future__ import annotations

@@ -52,4 +52,5 @@ def next_attempt(
         sampling=sampling,
         resumed_tokens=done,
         stream_to=stream_to,
+        attempt=migrations + 1,
     )

@@ -36,6 +36,7 @@ class RequestFormatter:
         "migrations",
         "next_index",
         "open",
+        "route_checked",
         "started_at",
         "worker_id",
     )
@@ -67,6 +68,8 @@ class RequestFormatter:
         self.index_base = 0
         """Tokens generated before the current attempt (its worker counts from 0)."""
         self.migrations = 0
+        self.route_checked = False
+        """Whether a router was asked where this attempt went (decision 017)."""
         self.lost_workers: set[str] = set()
         """Workers this request was taken from: their late batches are dropped."""
         self.finish_reason: str | None = None
@@ -112,6 +115,18 @@ class RequestFormatter:
         """Where ``batch`` starts in the request's whole generated sequence."""
         return self.index_base + batch.index
 
+    def awaits_routing_check(self, now: float, after_s: float) -> bool:
+        """True once: a migratable attempt with no token after ``after_s`` (was it routed?)."""
+        if (
+            self.route_checked
+            or self.open.generate is None
+            or self.next_index != self.index_base
+            or now - self.last_seen < after_s
+        ):
+            return False
+        self.route_checked = True
+        return True
+
     def migrated(self, from_worker: str, now: float) -> None:
         """The request was routed again: the next worker counts its batches from 0."""
         self.migrations += 1
@@ -119,6 +134,7 @@ class RequestFormatter:
             self.lost_workers.add(from_worker)
         self.index_base = self.next_index
         self.worker_id = ""
+        self.route_checked = False
         self.last_seen = now
 
     def _frames(self, text: str, finish: str | None) -> bytes:

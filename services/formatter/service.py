@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import nats.errors
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -54,6 +55,8 @@ from shared.messages import (
     MigrationKind,
     RequestFailed,
     ResponseChunk,
+    RouteQuery,
+    RouteStatus,
     StreamOpen,
     StreamOpened,
     TokenBatch,
@@ -72,6 +75,8 @@ QUEUE_GROUP = "formatter"
 LEAVE_GRACE_S = 0.05
 """On shutdown, after telling preprocessors to stop direct opens, how long to keep taking the
 ones already on their way before draining."""
+UNROUTED_CHECK_S = 2.0
+"""A migratable request with no token this long: ask the routers whether it was routed."""
 WARM_BEFORE_SERVING_S = 30.0
 """At start, the longest wait for the served models' tokenizers before taking streams."""
 STREAM_OPEN = codec.decoder(StreamOpen)
@@ -336,6 +341,25 @@ class FormatterService:
         )
         return attempt
 
+    async def _check_routed(self, state: RequestFormatter) -> None:
+        """No token for a while: if no router knows the request, a router died holding it."""
+        request_id = state.open.request_id
+        query = codec.encode(RouteQuery(request_id=request_id))
+        try:
+            reply = await self._nc.request(self._subjects.route_status, query, timeout=1.0)
+            status = codec.decode(reply.data, RouteStatus)
+        except (nats.errors.Error, codec.DecodeError) as exc:
+            log.debug("route_check_failed", request_id=request_id, error=str(exc))
+            state.route_checked = False  # nothing learned: ask again at the next sweep
+            return
+        if status.worker_id is not None:
+            if not state.worker_id:
+                state.worker_id = status.worker_id
+            return
+        if self._streams.get(request_id) is state and state.next_index == state.index_base:
+            with bound_contextvars(request_id=request_id):
+                await self._move(state, "", "lost_before_routing")
+
     async def _on_bounce(self, request_id: str, subject: str) -> None:
         """Nobody took a migrated ``Generate`` (no router), or a chunk (the gateway is gone)."""
         state = self._streams.get(request_id)
@@ -378,7 +402,7 @@ class FormatterService:
                     return True
             await self._forward_failure(state, event)
             return False
-        if event.worker_id in state.lost_workers:
+        if event.attempt != state.migrations or event.worker_id in state.lost_workers:
             return True  # a late batch from an attempt we moved away from
         if event.finish_reason == "cancelled" and state.open.generate is not None:
             # The worker gave the request up on its own (a drain that ran out of time).
@@ -480,6 +504,10 @@ class FormatterService:
         period_s = min(1.0, timeout_s / 4)
         while True:
             await asyncio.sleep(period_s)
+            now = self._clock()
+            for _, state in self._streams.open_requests():
+                if state.awaits_routing_check(now, UNROUTED_CHECK_S):
+                    self._tasks.spawn(self._check_routed(state), name="route-check")
             expired = self._streams.expire(self._clock())
             for request_id in expired.early:
                 log.debug("early_events_expired", request_id=request_id)

@@ -16,7 +16,7 @@ RESUBMITTABLE = frozenset(
     {"service_unavailable", "shutting_down", "formatter_lost", "no_worker_available"}
 )
 FIRST_DELAY_S = 0.05
-MAX_DELAY_S = 1.0
+MAX_DELAY_S = 0.5
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ class _Stream:
     has_sent: bool = False
     finish_reason: FinishReason | None = None
     stop_token_id: int | None = None
+    attempt: int = 0
 
 
 class Outbox:
@@ -41,10 +42,23 @@ class Outbox:
         return len(self._streams)
 
     def open(
-        self, request_id: str, stream_to: str, *, prompt_tokens: int, cached_tokens: int = 0
+        self,
+        request_id: str,
+        stream_to: str,
+        *,
+        prompt_tokens: int,
+        cached_tokens: int = 0,
+        attempt: int = 0,
     ) -> None:
         """Start buffering for a request whose batches go to ``stream_to``."""
-        self._streams[request_id] = _Stream(stream_to, prompt_tokens, cached_tokens)
+        self._streams[request_id] = _Stream(
+            stream_to, prompt_tokens, cached_tokens, attempt=attempt
+        )
+
+    def attempt(self, request_id: str) -> int | None:
+        """The ``Generate.attempt`` of an open request."""
+        stream = self._streams.get(request_id)
+        return stream.attempt if stream is not None else None
 
     def add(self, emission: Emission) -> bool:
         """Buffer an emission; True when it should go out now (first batch or the last one)."""
@@ -81,6 +95,7 @@ class Outbox:
             cached_tokens=stream.cached_tokens if first else 0,
             worker_id=self._worker_id,
             stop_token_id=stream.stop_token_id,
+            attempt=stream.attempt,
         )
         stream.index += len(stream.tokens)
         stream.tokens = []

@@ -224,8 +224,12 @@ class MockWorker:
         if gen.model != self._config.model_name:
             raise ModelNotFound(gen.model)
         if gen.request_id in self.engine or gen.request_id in self._outbox:
-            log.warning("duplicate_request_ignored")
-            return
+            earlier = self._outbox.attempt(gen.request_id)
+            if earlier is None or gen.attempt <= earlier:
+                log.warning("duplicate_request_ignored")
+                return
+            self.engine.cancel(gen.request_id)  # a migration came back here: the new one wins
+            self._outbox.close(gen.request_id)
         limit = self._config.max_waiting
         if limit and self.engine.num_waiting >= limit:
             raise WorkerBusy(f"worker {self.worker_id} has {limit} requests queued")
@@ -249,7 +253,9 @@ class MockWorker:
             )
         except EngineError as exc:
             raise InvalidRequest(str(exc)) from exc
-        self._outbox.open(gen.request_id, gen.stream_to, prompt_tokens=prompt_tokens)
+        self._outbox.open(
+            gen.request_id, gen.stream_to, prompt_tokens=prompt_tokens, attempt=gen.attempt
+        )
         if gen.reply_to:
             self._gateways[gen.request_id] = gen.reply_to
         log.debug("request_received", prompt_tokens=prompt_tokens)

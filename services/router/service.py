@@ -21,6 +21,7 @@ import msgspec
 import nats.errors
 import structlog
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from structlog.contextvars import bound_contextvars
 
@@ -43,6 +44,8 @@ from shared.messages import (
     Generate,
     RequestPhase,
     RouteDecision,
+    RouteQuery,
+    RouteStatus,
     WorkerCard,
     WorkerLoad,
     WorkerLost,
@@ -57,6 +60,8 @@ log = structlog.get_logger(__name__)
 QUEUE_GROUP = "router"
 MAX_ATTEMPTS = 3
 SWEEP_INTERVAL_S = 1.0
+KNOWS_ALL_AFTER_S = 10.0
+"""A router up this long has seen every decision of the requests still waiting for a token."""
 RECONNECT_GRACE_S = 2.0
 """After this router reconnects to NATS, how long a worker's "no responders" proves nothing."""
 
@@ -124,6 +129,7 @@ class Router:
         self._workers = WorkerTracker(config.worker_ttl_s)
         self.liveness = Liveness(config.worker_unresponsive_s)
         self._reconnects = 0
+        self._started_at = time.monotonic()
         self._reconnected_at = -RECONNECT_GRACE_S
         self._is_debug = log.is_enabled_for(logging.DEBUG)
         """Per-request lines are DEBUG; at INFO their fields are not even built."""
@@ -158,6 +164,9 @@ class Router:
         await self._bounces.start()
         self._tasks.spawn(self._sweep_loop(), name="router-sweeper")
         self._tasks.spawn(self._probe_loop(), name="router-prober")
+        self._subs.append(
+            await self._nc.subscribe(subjects.route_status, queue=QUEUE_GROUP, cb=self._on_query)
+        )
         on_route = on(codec.decoder(Generate), "route", self.on_route, reply_to=_stream_to)
         self._route_sub = await self._nc.subscribe(subjects.route, queue=QUEUE_GROUP, cb=on_route)
         await barrier(self._nc)  # the server knows the subscriptions before we say "started"
@@ -295,6 +304,18 @@ class Router:
         if lost.router_id != self.router_id and self.liveness.lose(lost.worker_id, self._clock()):
             self.core.remove_worker(lost.worker_id)
             log.info("worker_lost_by_peer", worker_id=lost.worker_id, by=lost.router_id)
+
+    async def _on_query(self, msg: Msg) -> None:
+        """Which worker has a request (every replica follows every decision, so any answers)."""
+        try:
+            query = codec.decode(msg.data, RouteQuery)
+            worker_id = self.core.load.worker_of(query.request_id)
+            if worker_id is None and time.monotonic() - self._started_at < KNOWS_ALL_AFTER_S:
+                return  # new here: a request routed before we started is unknown, not lost
+            status = RouteStatus(request_id=query.request_id, worker_id=worker_id)
+            await msg.respond(codec.encode(status))
+        except (codec.DecodeError, nats.errors.Error) as exc:
+            log.warning("route_query_failed", error=str(exc))
 
     # --- liveness ------------------------------------------------------------------------------
     async def _probe_loop(self) -> None:

@@ -41,6 +41,7 @@ def test_generated_tokens_are_appended_and_the_budget_reduced() -> None:
         sampling=SamplingParams(max_tokens=7, min_tokens=1, seed=9),
         resumed_tokens=3,
         stream_to="fmt.x.r",
+        attempt=1,
     )
 
 
@@ -52,7 +53,7 @@ def test_min_tokens_never_goes_below_zero() -> None:
 
 def test_before_any_token_the_request_is_sent_as_it_was() -> None:
     attempt = next_attempt(_open(), [], 1, "s")
-    assert attempt == msgspec.structs.replace(GEN, stream_to="s")
+    assert attempt == msgspec.structs.replace(GEN, stream_to="s", attempt=2)
 
 
 def test_off_without_a_generate_or_a_limit() -> None:

@@ -24,7 +24,7 @@ def test_overload_timeouts_and_real_failures_are_not(code: str) -> None:
 def test_delays_double_up_to_a_cap_and_count_attempts() -> None:
     budget = RetryBudget(100.0, started_at=0)
     delays = [budget.delay("shutting_down", now=0) for _ in range(7)]
-    assert delays == [0.05, 0.1, 0.2, 0.4, 0.8, MAX_DELAY_S, MAX_DELAY_S]
+    assert delays == [0.05, 0.1, 0.2, 0.4, MAX_DELAY_S, MAX_DELAY_S, MAX_DELAY_S]
     assert budget.attempts == 7
 
 

@@ -206,6 +206,7 @@ class TestMessages:
             "routing": None,
             "resumed_tokens": 0,
             "reply_to": req.reply_to,
+            "attempt": 0,
         }
 
     def test_stream_open_carries_the_generate_when_migration_is_on(
