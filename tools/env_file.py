@@ -22,6 +22,7 @@ COMPOSE_COMMON: dict[str, str] = {
     "namespace": "jetserve",
     "log_level": "INFO",
     "log_format": "json",
+    "js_replicas": "1",
 }
 """Settings every service shares, set once for all (``x-common-env``), with compose's values."""
 FIXED_IN_CONTAINER: dict[str, frozenset[str]] = {

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from services.cli.config import SERVICES
+from shared.config import CommonConfig
 from tests.compose.knobs import COMMON, FIXED_IN_CONTAINER, PER_INSTANCE, knob_vars
 from tests.support_containers import ROOT
 from tools import env_file
@@ -107,3 +108,56 @@ def test_common_env_reaches_every_service(compose: dict[str, Any]) -> None:
         for name in SERVICES
     }
     assert missing == {name: [] for name in SERVICES}
+
+
+@pytest.fixture(scope="module")
+def cluster_override() -> dict[str, Any]:
+    return dict(yaml.safe_load((ROOT / "docker-compose.cluster.yml").read_text()))
+
+
+CLUSTER_NODES = ("nats", "nats-2", "nats-3")
+SEEDS = "nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222"
+
+
+def test_cluster_override_gives_every_service_all_seeds_and_three_replicas(
+    cluster_override: dict[str, Any],
+) -> None:
+    wrong = {
+        name: env
+        for name in (*SERVICES, "echo_tensor")
+        if (env := cluster_override["services"][name]["environment"])["JETSERVE_NATS_URL"] != SEEDS
+        or env["NATS_URL"] != SEEDS
+        or env["JETSERVE_JS_REPLICAS"] != "3"
+        or env["JETSERVE_HEALTH_NATS_MONITOR_URL"].count(":8222") != 3
+    }
+    assert wrong == {}
+
+
+def test_cluster_override_sets_only_variables_the_services_read(
+    cluster_override: dict[str, Any],
+) -> None:
+    common = {s.env for s in CommonConfig.settings() if s.common}
+    extra = {"NATS_URL", "JETSERVE_HEALTH_NATS_MONITOR_URL"}  # read by jetserve-healthcheck
+    unknown = {
+        var
+        for name in (*SERVICES, "echo_tensor")
+        for var in cluster_override["services"][name]["environment"]
+        if var not in common | extra
+    }
+    assert unknown == set()
+
+
+def test_cluster_nodes_are_distinct_jetstream_servers_routed_to_each_other(
+    cluster_override: dict[str, Any],
+) -> None:
+    nodes = {name: cluster_override["services"][name] for name in CLUSTER_NODES}
+    names = {n["command"][n["command"].index("--name") + 1] for n in nodes.values()}
+    routes = {n["command"][n["command"].index("--routes") + 1] for n in nodes.values()}
+    stores = {n["command"][n["command"].index("-sd") + 1] for n in nodes.values()}
+    volumes = {v for name in CLUSTER_NODES[1:] for v in nodes[name]["volumes"] if ":/data" in v}
+    assert (names, routes, stores, len(volumes)) == (
+        {"nats-1", "nats-2", "nats-3"},
+        {"nats://nats-1:6222,nats://nats-2:6222,nats://nats-3:6222"},
+        {"/data"},
+        2,  # nats-1 keeps the base file's nats-data
+    )
