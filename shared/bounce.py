@@ -70,7 +70,7 @@ class Unreachable:
 
 
 class Bounces(Generic[C]):
-    """Per-instance bounce subject plus the context of recently forwarded requests."""
+    """An ``Unreachable`` subject plus the context of recently forwarded requests."""
 
     def __init__(
         self,
@@ -81,24 +81,17 @@ class Bounces(Generic[C]):
         instance_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._nc = nc
-        self._subjects = subjects
         self._on_bounce = on_bounce
-        self._instance = instance_id or uuid.uuid4().hex[:12]
         self._clock = clock
         self._pending: dict[str, tuple[float, C]] = {}
         self._last_sweep = clock()
-        self._sub: Subscription | None = None
+        self._subject = Unreachable(nc, subjects, self._bounced, instance_id=instance_id)
 
     async def start(self) -> None:
-        self._sub = await self._nc.subscribe(
-            self._subjects.bounce_all(self._instance), cb=self._on_msg
-        )
+        await self._subject.start()
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
+        await self._subject.stop()
 
     def reply_for(self, request_id: str, context: C) -> str:
         """Remember ``context`` for ``request_id``; returns the reply subject to publish with."""
@@ -106,7 +99,7 @@ class Bounces(Generic[C]):
         self._pending[request_id] = (now, context)
         if now - self._last_sweep > 1.0:
             self._sweep(now)
-        return self._subjects.bounce(self._instance, request_id)
+        return self._subject.reply_for(request_id)
 
     def _sweep(self, now: float) -> None:
         self._last_sweep = now
@@ -114,10 +107,9 @@ class Bounces(Generic[C]):
         for rid in old:
             del self._pending[rid]
 
-    async def _on_msg(self, msg: Msg) -> None:
-        missing = no_responders(msg)
-        entry = self._pending.pop(request_id_of(msg.subject), None)
-        if missing is None or entry is None:
+    async def _bounced(self, request_id: str, missing: str) -> None:
+        entry = self._pending.pop(request_id, None)
+        if entry is None:
             return
         log.warning("no_responders", subject=missing)
-        await self._on_bounce(request_id_of(msg.subject), entry[1], missing)
+        await self._on_bounce(request_id, entry[1], missing)

@@ -41,10 +41,11 @@ environment. A setting shown "unset" takes an empty value (`--seed ''`) to mean 
 
 Names: `JETSERVE_<SERVICE>_<SETTING>` for a service's own settings (its name is not repeated:
 the router's `--router-mode` is `JETSERVE_ROUTER_MODE`); `JETSERVE_NATS_URL`,
-`JETSERVE_NAMESPACE`, `JETSERVE_LOG_LEVEL`, `JETSERVE_LOG_FORMAT` and `JETSERVE_JS_REPLICAS` for
-the five every service reads the same way. Units are in the name (`_s` = seconds). Deprecated names are still read,
-with a warning, when the new one is unset. `--metrics-port` (0 = off) serves Prometheus
-`/metrics` from the bus services; the gateway always serves `/metrics` on its HTTP port.
+`JETSERVE_NAMESPACE`, `JETSERVE_LOG_LEVEL`, `JETSERVE_LOG_FORMAT` and `JETSERVE_JS_REPLICAS`
+for the five every service reads the same way. Units are in the name (`_s` = seconds).
+Deprecated names are still read, with a warning, when the new one is unset. `--metrics-port`
+(0 = off) serves Prometheus `/metrics` from the bus services; the gateway always serves
+`/metrics` on its HTTP port.
 """
 
 

@@ -331,14 +331,9 @@ class FormatterService:
         )
         await nc.publish(subjects.migrations, codec.encode(notice))
         self.migrations.labels(kind).inc()
-        log.info(
-            "request_migrated",
-            kind=kind,
-            from_worker=from_worker,
-            reason=reason,
-            attempt=state.migrations,
-            generated_tokens=attempt.resumed_tokens,
-        )
+        fields = msgspec.structs.asdict(notice)  # the log line says what the bus message says
+        del fields["request_id"], fields["formatter_id"]  # bound to every line already
+        log.info("request_migrated", **fields)
         return attempt
 
     async def _check_routed(self, state: RequestFormatter) -> None:

@@ -58,6 +58,16 @@ def start_stack(run_dir: Path, model_dir: Path, **overrides: object) -> Stack:
     return stack
 
 
+@contextlib.contextmanager
+def running_stack(run_dir: Path, model_dir: Path, **overrides: object) -> Iterator[Stack]:
+    """``start_stack`` for the length of a ``with`` block (a test's private stack)."""
+    s = start_stack(run_dir, model_dir, **overrides)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
 async def _wait_for_workers(stack: Stack, count: int, timeout_s: float) -> None:
     """Return once ``count`` worker cards are in the registry bucket."""
     nc = await nats.connect(stack.nats_url)

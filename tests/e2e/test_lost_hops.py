@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from services.cli.stack import Stack
-from tests.e2e.conftest import MODEL, start_stack
+from tests.e2e.conftest import MODEL, running_stack
 
 BODY = {
     "model": MODEL,
@@ -29,11 +29,10 @@ BODY = {
 @pytest.fixture
 def hop_stack(tmp_path: Path, model_dir: Path) -> Iterator[Stack]:
     """One realistic-speed worker: a long stream is still running when a hop dies."""
-    s = start_stack(tmp_path, model_dir, workers=1, mocker_args="--speedup-ratio 1 --seed 1")
-    try:
+    with running_stack(
+        tmp_path, model_dir, workers=1, mocker_args="--speedup-ratio 1 --seed 1"
+    ) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def _pid(stack: Stack, name: str) -> int:

@@ -21,7 +21,7 @@ from services.cli.stack import Stack
 from shared import codec
 from shared.messages import Migrated, RouteDecision
 from shared.subjects import Subjects
-from tests.e2e.conftest import MODEL, start_stack
+from tests.e2e.conftest import MODEL, running_stack
 
 CHAT = [{"role": "user", "content": "Tell me about the river town."}]
 MAX_TOKENS = 120
@@ -30,11 +30,10 @@ MAX_TOKENS = 120
 @pytest.fixture
 def slow_stack(tmp_path: Path, model_dir: Path) -> Iterator[Stack]:
     """Two realistic-speed workers, in two processes (one is killed)."""
-    s = start_stack(tmp_path, model_dir, workers=2, mocker_args="--speedup-ratio 1 --seed 1")
-    try:
+    with running_stack(
+        tmp_path, model_dir, workers=2, mocker_args="--speedup-ratio 1 --seed 1"
+    ) as s:
         yield s
-    finally:
-        s.stop()
 
 
 class Bus:
