@@ -87,13 +87,22 @@ def replica_args(args: list[str], replica: int) -> list[str]:
     return out
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the child gets SIGTERM if the launcher dies, so nothing is left behind."""
-    os.setsid()
-    with contextlib.suppress(Exception):
-        import ctypes
+DIE_WITH_PARENT = """\
+import contextlib, ctypes, os, signal, sys
+with contextlib.suppress(Exception):  # Linux: PR_SET_PDEATHSIG
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)  # the launcher died before the line above
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+"""Runs first in every child, then execs its command (same pid): the child gets SIGTERM if the
+launcher dies, so nothing is left behind. Not a ``preexec_fn``: Python code between fork and
+exec can deadlock or abort when the parent has threads (gRPC's, in a test process)."""
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+def die_with_parent(cmd: list[str]) -> list[str]:
+    """``cmd`` (its first item an absolute path) wrapped in ``DIE_WITH_PARENT``."""
+    return [sys.executable, "-c", DIE_WITH_PARENT, str(os.getpid()), *cmd]
 
 
 @dataclass
@@ -275,7 +284,11 @@ class Stack:
             log_path = self.run_dir / f"{name}.log"
             out = log_path.open("ab")
         proc = subprocess.Popen(
-            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            die_with_parent(cmd),
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         if out is not None and not isinstance(out, int):
             out.close()

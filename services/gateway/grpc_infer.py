@@ -44,6 +44,7 @@ from shared.errors import (
     ModelNotFound,
     NoWorkerAvailable,
     ServiceError,
+    ShuttingDown,
 )
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve_wire import usage_parameters
@@ -147,6 +148,7 @@ class Inference:
         completion = completion_from(
             {**parsed.fields, "model": model, "prompt": parsed.prompt, "stream": stream}
         )
+        self._check_open()
         await self._bus.check_model(model)
         first_timeout_s = _wait_s(self._first_timeout_s, deadline)
         now = time.time()
@@ -244,6 +246,7 @@ class Inference:
         inputs = request_tensors(request)
         check_inputs(inputs, view.spec)
         wanted = requested_outputs(request, view.spec)
+        self._check_open()
         model = request.model_name
         workers = self._bus.workers_in_turn(model)
         if not workers:
@@ -293,6 +296,10 @@ class Inference:
             reply.close()
             return result
         raise AssertionError("unreachable: workers is not empty")
+
+    def _check_open(self) -> None:
+        if self._readiness.is_shutting_down:
+            raise ShuttingDown("The gateway is shutting down.")
 
 
 def _abandon(reply: Reply, exc: BaseException, deadline: float | None) -> None:

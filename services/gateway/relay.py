@@ -52,8 +52,9 @@ _SSE_START = (
 @dataclass(slots=True)
 class Readiness:
     """Whether the gateway wants new work; flipped once on SIGTERM. Draining, it says so on
-    ``/health`` and gRPC readiness (load balancers stop sending) and closes its listeners, but
-    a request that still reaches it is served within the grace period."""
+    ``/health`` and gRPC readiness (load balancers stop sending) and closes its listeners; an
+    HTTP request that still reaches it is served within the grace period, a new gRPC call on a
+    kept connection is refused UNAVAILABLE (as after a GOAWAY; gRPC clients retry it)."""
 
     is_shutting_down: bool = False
 
