@@ -382,54 +382,49 @@ class GatewayBus:
     async def submit(self, request: Preprocess) -> Reply:
         """Start listening for the request's replies, then publish it to the preprocessors."""
         retry = RetryBudget(self._config.retry_budget_s, time.monotonic())
-        return await self._send(request.request_id, self.subjects.preprocess, request, retry=retry)
+        return await self._send(self.subjects.preprocess, request, retry=retry)
 
     async def resend(self, request: Preprocess, inbox: Inbox) -> None:
         """Publish a resubmission whose replies go to an existing inbox."""
-        assert self._nc is not None, "start() first"
-        await self._bus_ready()
-        self._pending[request.request_id] = inbox
-        try:
-            await self._nc.publish(
-                self.subjects.preprocess, codec.encode(request), reply=request.reply_to
-            )
-        except NatsError as exc:
-            self.forget(request.request_id)
-            raise ServiceUnavailable(BUS_UNAVAILABLE) from exc
+        await self._publish(self.subjects.preprocess, request, inbox)
 
     async def submit_tensor(self, request: TensorInfer, worker_id: str) -> Reply:
         """Start listening for the result, then publish the request to one tensor worker."""
         unreachable = f"The worker `{worker_id}` of `{request.model}` is not running."
         subject = self.subjects.tensor_infer(worker_id)
-        return await self._send(request.request_id, subject, request, unreachable)
+        return await self._send(subject, request, unreachable)
 
     async def _send(
         self,
-        request_id: str,
         subject: str,
         request: Preprocess | TensorInfer,
         unreachable: str | None = None,
         *,
         retry: RetryBudget | None = None,
     ) -> Reply:
-        assert self._nc is not None, "start() first"
-        await self._bus_ready()
+        request_id = request.request_id
         if request_id in self._pending:
             raise DuplicateRequestId(
                 f"Request id `{request_id}` is already in flight.", param="X-Request-Id"
             )
         limit = self._config.max_buffered_bytes_per_request
         inbox = Inbox(max_bytes=limit) if unreachable is None else Inbox(unreachable, limit)
-        self._pending[request_id] = inbox
+        await self._publish(subject, request, inbox)
+        if isinstance(request, Preprocess):
+            return Reply(self, request_id, inbox, request, retry)
+        return Reply(self, request_id, inbox)
+
+    async def _publish(self, subject: str, request: Preprocess | TensorInfer, inbox: Inbox) -> None:
+        """Route the request's replies to ``inbox``, then publish it (once the bus is up)."""
+        assert self._nc is not None, "start() first"
+        await self._bus_ready()
+        self._pending[request.request_id] = inbox
         try:
             # reply= makes NATS answer "no responders" at once when nobody listens.
             await self._nc.publish(subject, codec.encode(request), reply=request.reply_to)
         except NatsError as exc:
-            self.forget(request_id)
+            self.forget(request.request_id)
             raise ServiceUnavailable(BUS_UNAVAILABLE) from exc
-        if isinstance(request, Preprocess):
-            return Reply(self, request_id, inbox, request, retry)
-        return Reply(self, request_id, inbox)
 
     def forget(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
