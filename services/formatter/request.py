@@ -71,7 +71,8 @@ class RequestFormatter:
         self.route_checked = False
         """Whether a router was asked where this attempt went (decision 017)."""
         self.lost_workers: set[str] = set()
-        """Workers this request was taken from: their late batches are dropped."""
+        """Workers this request was taken from: a later ``WorkerLost`` about them is old news
+        (their late batches are told apart by ``TokenBatch.attempt``)."""
         self.finish_reason: str | None = None
         """Set once the request is finished (then the caller drops this state)."""
         self.started_at = now

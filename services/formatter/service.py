@@ -397,7 +397,7 @@ class FormatterService:
                     return True
             await self._forward_failure(state, event)
             return False
-        if event.attempt != state.migrations or event.worker_id in state.lost_workers:
+        if event.attempt != state.migrations:
             return True  # a late batch from an attempt we moved away from
         if event.finish_reason == "cancelled" and state.open.generate is not None:
             # The worker gave the request up on its own (a drain that ran out of time).

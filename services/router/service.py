@@ -15,7 +15,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import msgspec
 import nats.errors
@@ -269,8 +269,7 @@ class Router:
             log.warning("worker_unreachable", worker_id=tried[-1], subject=subject)
             self.core.on_cancel(request_id)
             # Gone, or draining (it left the generate subject but still answers pings).
-            for worker_id in self.liveness.due([tried[-1]], self._clock()):
-                self._tasks.spawn(self._probe(worker_id), name=f"probe-{worker_id}")
+            self._probe_due([tried[-1]])
             try:
                 if gen.worker_id is not None or len(tried) >= MAX_ATTEMPTS:
                     raise NoWorkerAvailable(f"worker {tried[-1]} is unreachable")
@@ -324,8 +323,12 @@ class Router:
             await asyncio.sleep(interval_s)
             if not self._nc.is_connected:
                 continue
-            for worker_id in self.liveness.due(self.core.load.workers(), self._clock()):
-                self._tasks.spawn(self._probe(worker_id), name=f"probe-{worker_id}")
+            self._probe_due(self.core.load.workers())
+
+    def _probe_due(self, workers: Iterable[str]) -> None:
+        """Probe each of ``workers`` that has no probe in flight (in a task of its own)."""
+        for worker_id in self.liveness.due(workers, self._clock()):
+            self._tasks.spawn(self._probe(worker_id), name=f"probe-{worker_id}")
 
     def _just_reconnected(self) -> bool:
         """True for a while after this router's connection came back: workers reconnect too,
