@@ -25,6 +25,8 @@ class _Stream:
     finish_reason: FinishReason | None = None
     stop_token_id: int | None = None
     attempt: int = 0
+    reply_to: str = ""
+    """The gateway's subject (``Generate.reply_to``), told if the formatter is gone."""
 
 
 class Outbox:
@@ -49,16 +51,22 @@ class Outbox:
         prompt_tokens: int,
         cached_tokens: int = 0,
         attempt: int = 0,
+        reply_to: str = "",
     ) -> None:
         """Start buffering for a request whose batches go to ``stream_to``."""
         self._streams[request_id] = _Stream(
-            stream_to, prompt_tokens, cached_tokens, attempt=attempt
+            stream_to, prompt_tokens, cached_tokens, attempt=attempt, reply_to=reply_to
         )
 
     def attempt(self, request_id: str) -> int | None:
         """The ``Generate.attempt`` of an open request."""
         stream = self._streams.get(request_id)
         return stream.attempt if stream is not None else None
+
+    def reply_to(self, request_id: str) -> str | None:
+        """The gateway subject of an open request (``None``: not open, or none given)."""
+        stream = self._streams.get(request_id)
+        return stream.reply_to or None if stream is not None else None
 
     def add(self, emission: Emission) -> bool:
         """Buffer an emission; True when it should go out now (first batch or the last one)."""

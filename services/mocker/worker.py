@@ -106,8 +106,6 @@ class MockWorker:
             replicas=config.js_replicas,
         )
         self._outbox = Outbox(worker_id)
-        self._gateways: dict[str, str] = {}
-        """Per request: the gateway's reply subject, to tell it when the formatter is gone."""
         self._unreachable = Unreachable(
             nc, subjects, self._on_formatter_gone, instance_id=worker_id
         )
@@ -254,10 +252,12 @@ class MockWorker:
         except EngineError as exc:
             raise InvalidRequest(str(exc)) from exc
         self._outbox.open(
-            gen.request_id, gen.stream_to, prompt_tokens=prompt_tokens, attempt=gen.attempt
+            gen.request_id,
+            gen.stream_to,
+            prompt_tokens=prompt_tokens,
+            attempt=gen.attempt,
+            reply_to=gen.reply_to,
         )
-        if gen.reply_to:
-            self._gateways[gen.request_id] = gen.reply_to
         log.debug("request_received", prompt_tokens=prompt_tokens)
         self._idle.clear()
         self._wake.set()
@@ -265,7 +265,6 @@ class MockWorker:
     async def on_cancel(self, cancel: Cancel) -> None:
         if cancel.worker_id is not None and cancel.worker_id != self.worker_id:
             return  # another worker's attempt of a migrated request
-        self._gateways.pop(cancel.request_id, None)
         emission = self.engine.cancel(cancel.request_id)
         if emission is None:
             # Not ours (cancel is a broadcast), finished, or still on its way to us.
@@ -344,7 +343,6 @@ class MockWorker:
             reply = self._unreachable.reply_for(request_id)
             await self._nc.publish(stream_to, codec.encode(batch), reply=reply)
             if batch.finish_reason is not None:
-                self._gateways.pop(request_id, None)
                 log.debug(
                     "request_finished",
                     request_id=request_id,
@@ -355,7 +353,7 @@ class MockWorker:
 
     async def _on_formatter_gone(self, request_id: str, subject: str) -> None:
         """A batch bounced: nobody formats this request any more. Stop it, tell its gateway."""
-        gateway = self._gateways.pop(request_id, None)
+        gateway = self._outbox.reply_to(request_id)
         emission = self.engine.cancel(request_id)
         self._outbox.close(request_id)
         if emission is None and gateway is None:
