@@ -30,6 +30,26 @@ def _up(*args: str) -> list[str]:
     return [sys.executable, "-m", "services.cli", "up", *args]
 
 
+def _start_up(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    """``jetserve up`` on free ports with an undelayed mocker, output piped."""
+    return subprocess.Popen(
+        _up("--http-port", "0", "--grpc-port", "0", "--mocker-speedup-ratio", "0", *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
+
+
+def _up_line(proc: subprocess.Popen[str]) -> str:
+    """The launcher's first line, checked to say it is up."""
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    line = proc.stdout.readline()
+    assert line.startswith("JetServe is up: http://127.0.0.1:"), line or proc.stderr.read()
+    return line
+
+
 def test_up_refuses_a_taken_http_port(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -57,31 +77,11 @@ def test_up_rejects_a_bad_pass_through_value_naming_the_flag() -> None:
 def test_up_serves_and_sigterm_stops_every_process_and_removes_its_run_dir(
     tmp_path: Path, model_dir: Path
 ) -> None:
-    proc = subprocess.Popen(
-        _up(
-            "--http-port",
-            "0",
-            "--grpc-port",
-            "0",
-            "--workers",
-            "1",
-            "--model-path",
-            str(model_dir),
-            "--mocker-speedup-ratio",
-            "0",
-            "--router-mode",
-            "kv",
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        # the temp run dir goes under tmp_path, so the test can see it is removed
-        env={**os.environ, "JETSERVE_NAMESPACE": "launchertest", "TMPDIR": str(tmp_path)},
-    )
+    # the temp run dir goes under tmp_path, so the test can see it is removed
+    env = {"JETSERVE_NAMESPACE": "launchertest", "TMPDIR": str(tmp_path)}
+    proc = _start_up(env, "--workers", "1", "--model-path", str(model_dir), "--router-mode", "kv")
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("JetServe is up: http://127.0.0.1:"), line or proc.stderr.read()
+        line = _up_line(proc)
         base = line.split()[3]
         logs_line = proc.stdout.readline()
         assert logs_line.startswith("logs and pids: "), logs_line
@@ -114,21 +114,12 @@ def test_up_restarts_a_killed_mocker_and_goes_on_serving(tmp_path: Path, model_d
     """SIGKILL of one mocker: the launcher starts it again (a line on its stderr and in the
     mocker's log), every service stays up, and requests are served."""
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        _up(
-            *("--http-port", "0", "--grpc-port", "0", "--workers", "2"),
-            *("--model-path", str(model_dir), "--mocker-speedup-ratio", "0"),
-            *("--run-dir", str(run_dir)),
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "JETSERVE_NAMESPACE": "restarttest"},
+    proc = _start_up(
+        {"JETSERVE_NAMESPACE": "restarttest"},
+        *("--workers", "2", "--model-path", str(model_dir), "--run-dir", str(run_dir)),
     )
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("JetServe is up: http://127.0.0.1:"), line or proc.stderr.read()
+        line = _up_line(proc)
         base = line.split()[3]
         pid_file = run_dir / "mocker-0.pid"
         killed = int(pid_file.read_text())
@@ -175,22 +166,13 @@ def test_up_runs_replicas_of_each_stage_under_numbered_names(
     """``--routers 2 --formatters 2 --preprocessors 2``: six stage processes, each with its own
     pid file and log, serving; SIGTERM stops them all."""
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        _up(
-            *("--http-port", "0", "--grpc-port", "0", "--workers", "1"),
-            *("--routers", "2", "--formatters", "2", "--preprocessors", "2"),
-            *("--model-path", str(model_dir), "--mocker-speedup-ratio", "0"),
-            *("--run-dir", str(run_dir)),
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "JETSERVE_NAMESPACE": "replicatest"},
+    proc = _start_up(
+        {"JETSERVE_NAMESPACE": "replicatest"},
+        *("--workers", "1", "--routers", "2", "--formatters", "2", "--preprocessors", "2"),
+        *("--model-path", str(model_dir), "--run-dir", str(run_dir)),
     )
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("JetServe is up: http://127.0.0.1:"), line or proc.stderr.read()
+        line = _up_line(proc)
         assert "2 preprocessors, 2 routers, 2 formatters" in line
         base = line.split()[3]
         pids = {p.stem: int(p.read_text()) for p in run_dir.glob("*.pid")}
