@@ -21,6 +21,7 @@ from services.gateway.config import GatewayConfig
 from shared import codec
 from shared.messages import Preprocess
 from shared.subjects import Subjects
+from tests.support import free_port
 
 WAIT_S = 5.0
 
@@ -77,6 +78,21 @@ class Gateway:
     @property
     def grpc_target(self) -> str:
         return f"127.0.0.1:{self.config.grpc_port}"
+
+
+def gateway_config(
+    nats_url: str, subjects: Subjects, timeout_s: float, **overrides: Any
+) -> GatewayConfig:
+    """A test gateway's settings: free ports, one timeout for the first and every next chunk."""
+    settings: dict[str, Any] = {
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "request_timeout_s": timeout_s,
+        "stream_idle_timeout_s": timeout_s,
+        "gateway_id": "gw1",
+        **overrides,
+    }
+    return GatewayConfig(nats_url=nats_url, namespace=subjects.namespace, **settings)
 
 
 @contextlib.asynccontextmanager

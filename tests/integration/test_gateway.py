@@ -27,7 +27,6 @@ from nats.aio.msg import Msg
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from services.gateway.config import GatewayConfig
 from shared import codec
 from shared.messages import (
     Cancel,
@@ -44,6 +43,7 @@ from tests.integration.gateway_support import (
     FakeDownstream,
     Gateway,
     Send,
+    gateway_config,
     served_gateway,
     until,
 )
@@ -128,14 +128,7 @@ async def _hello_world(request: Preprocess, send: Send) -> None:
 @pytest.fixture
 async def gateway(nats_url: str, subjects: Subjects) -> AsyncIterator[Gateway]:
     """The real gateway app under uvicorn (httptools) on a free port, in this event loop."""
-    config = GatewayConfig(
-        nats_url=nats_url,
-        namespace=subjects.namespace,
-        http_port=free_port(),
-        request_timeout_s=REQUEST_TIMEOUT_S,
-        stream_idle_timeout_s=REQUEST_TIMEOUT_S,
-        gateway_id="gw1",
-    )
+    config = gateway_config(nats_url, subjects, REQUEST_TIMEOUT_S)
     async with served_gateway(config) as gateway:
         yield gateway
 

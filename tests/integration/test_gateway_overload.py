@@ -23,7 +23,6 @@ import pytest
 from nats.aio.client import Client
 from openai.types.chat import ChatCompletionMessageParam
 
-from services.gateway.config import GatewayConfig
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve import grpc_service_pb2_grpc as pb_grpc
 from shared.kserve_wire import TextResponses, usage_parameters
@@ -36,10 +35,10 @@ from tests.integration.gateway_support import (
     Gateway,
     Script,
     Send,
+    gateway_config,
     served_gateway,
     until,
 )
-from tests.support import free_port
 
 MODEL = "mock-model"
 LIMIT = 2
@@ -116,16 +115,8 @@ def holding(release: asyncio.Event) -> Script:
 @pytest.fixture
 async def gateway(nats_url: str, subjects: Subjects) -> AsyncIterator[Gateway]:
     """The real gateway (HTTP + gRPC) with ``--max-concurrent-requests 2``."""
-    config = GatewayConfig(
-        nats_url=nats_url,
-        namespace=subjects.namespace,
-        http_port=free_port(),
-        grpc_port=free_port(),
-        request_timeout_s=WAIT_S,
-        stream_idle_timeout_s=WAIT_S,
-        gateway_id="gw1",
-        shutdown_grace_s=1.0,
-        max_concurrent_requests=LIMIT,
+    config = gateway_config(
+        nats_url, subjects, WAIT_S, shutdown_grace_s=1.0, max_concurrent_requests=LIMIT
     )
     async with served_gateway(config, serve_grpc=True) as gateway:
         yield gateway

@@ -34,7 +34,6 @@ from structlog.testing import capture_logs
 
 from services.formatter.config import FormatterConfig
 from services.formatter.service import build_service
-from services.gateway.config import GatewayConfig
 from services.mocker.service import ModelInfo
 from services.preprocessor.config import PreprocessorConfig
 from services.preprocessor.service import serving
@@ -67,6 +66,7 @@ from tests.integration.gateway_support import (
     FakeDownstream,
     Gateway,
     Send,
+    gateway_config,
     served_gateway,
     until,
 )
@@ -212,16 +212,7 @@ TENSOR_SPEC = TensorModelSpec(
 @pytest.fixture
 async def gateway(nats_url: str, subjects: Subjects) -> AsyncIterator[Gateway]:
     """The real gateway app (HTTP + gRPC) under uvicorn on free ports, in this event loop."""
-    config = GatewayConfig(
-        nats_url=nats_url,
-        namespace=subjects.namespace,
-        http_port=free_port(),
-        grpc_port=free_port(),
-        request_timeout_s=REQUEST_TIMEOUT_S,
-        stream_idle_timeout_s=REQUEST_TIMEOUT_S,
-        gateway_id="gw1",
-        shutdown_grace_s=1.0,
-    )
+    config = gateway_config(nats_url, subjects, REQUEST_TIMEOUT_S, shutdown_grace_s=1.0)
     async with served_gateway(config, serve_grpc=True) as gateway:
         yield gateway
 
