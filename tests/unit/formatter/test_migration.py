@@ -5,7 +5,8 @@ from __future__ import annotations
 import msgspec
 
 from services.formatter.migration import NotMigrated, next_attempt
-from shared.messages import Generate, OutputOptions, SamplingParams, StreamOpen
+from shared.messages import Generate, SamplingParams
+from tests.unit.migration_support import migratable_open
 
 GEN = Generate(
     request_id="r",
@@ -17,24 +18,8 @@ GEN = Generate(
 )
 
 
-def _open(gen: Generate | None = GEN, *, limit: int = 2, max_seq_len: int = 0) -> StreamOpen:
-    return StreamOpen(
-        request_id="r",
-        api="chat",
-        model="m",
-        reply_to="gw.r",
-        created=0,
-        prompt_tokens=3,
-        output=OutputOptions(),
-        max_tokens=10,
-        generate=gen,
-        migration_limit=limit,
-        migration_max_seq_len=max_seq_len,
-    )
-
-
 def test_generated_tokens_are_appended_and_the_budget_reduced() -> None:
-    attempt = next_attempt(_open(), [7, 8, 9], 0, "fmt.x.r")
+    attempt = next_attempt(migratable_open(GEN, limit=2), [7, 8, 9], 0, "fmt.x.r")
     assert attempt == msgspec.structs.replace(
         GEN,
         token_ids=(1, 2, 3, 7, 8, 9),
@@ -46,31 +31,35 @@ def test_generated_tokens_are_appended_and_the_budget_reduced() -> None:
 
 
 def test_min_tokens_never_goes_below_zero() -> None:
-    attempt = next_attempt(_open(), [5] * 6, 0, "s")
+    attempt = next_attempt(migratable_open(GEN, limit=2), [5] * 6, 0, "s")
     assert isinstance(attempt, Generate)
     assert attempt.sampling.min_tokens == 0
 
 
 def test_before_any_token_the_request_is_sent_as_it_was() -> None:
-    attempt = next_attempt(_open(), [], 1, "s")
+    attempt = next_attempt(migratable_open(GEN, limit=2), [], 1, "s")
     assert attempt == msgspec.structs.replace(GEN, stream_to="s", attempt=2)
 
 
 def test_off_without_a_generate_or_a_limit() -> None:
-    assert isinstance(next_attempt(_open(None), [], 0, "s"), NotMigrated)
-    assert isinstance(next_attempt(_open(limit=0), [], 0, "s"), NotMigrated)
+    assert isinstance(next_attempt(migratable_open(None), [], 0, "s"), NotMigrated)
+    assert isinstance(next_attempt(migratable_open(GEN, limit=0), [], 0, "s"), NotMigrated)
 
 
 def test_the_limit_counts_migrations_already_made() -> None:
-    assert isinstance(next_attempt(_open(limit=2), [], 1, "s"), Generate)
-    refused = next_attempt(_open(limit=2), [], 2, "s")
+    assert isinstance(next_attempt(migratable_open(GEN, limit=2), [], 1, "s"), Generate)
+    refused = next_attempt(migratable_open(GEN, limit=2), [], 2, "s")
     assert refused == NotMigrated("the migration limit (2) is reached")
 
 
 def test_max_seq_len_counts_prompt_and_generated_tokens() -> None:
-    assert isinstance(next_attempt(_open(max_seq_len=6), [1, 2, 3], 0, "s"), Generate)
-    assert isinstance(next_attempt(_open(max_seq_len=5), [1, 2, 3], 0, "s"), NotMigrated)
+    assert isinstance(
+        next_attempt(migratable_open(GEN, max_seq_len=6), [1, 2, 3], 0, "s"), Generate
+    )
+    assert isinstance(
+        next_attempt(migratable_open(GEN, max_seq_len=5), [1, 2, 3], 0, "s"), NotMigrated
+    )
 
 
 def test_nothing_left_to_generate_is_not_migrated() -> None:
-    assert isinstance(next_attempt(_open(), [1] * 10, 0, "s"), NotMigrated)
+    assert isinstance(next_attempt(migratable_open(GEN, limit=2), [1] * 10, 0, "s"), NotMigrated)

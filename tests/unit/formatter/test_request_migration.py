@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from services.formatter.request import RequestFormatter
-from shared.messages import Generate, OutputOptions, SamplingParams, StreamOpen, TokenBatch
+from shared.messages import Generate, SamplingParams, TokenBatch
+from tests.unit.migration_support import migratable_open
 
 GEN = Generate(
     request_id="r",
@@ -17,18 +18,7 @@ GEN = Generate(
 
 
 def _state(tokenizer: Any, generate: Generate | None = GEN) -> RequestFormatter:
-    open_ = StreamOpen(
-        request_id="r",
-        api="completion",
-        model="m",
-        reply_to="gw",
-        created=0,
-        prompt_tokens=2,
-        output=OutputOptions(stream=True),
-        max_tokens=50,
-        generate=generate,
-        migration_limit=3 if generate else 0,
-    )
+    open_ = migratable_open(generate, stream=True)
     return RequestFormatter(open_, tokenizer, now=0.0)
 
 

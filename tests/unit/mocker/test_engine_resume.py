@@ -6,7 +6,8 @@ import pytest
 
 from services.formatter.migration import next_attempt
 from services.mocker.engine import Emission, Engine, EngineConfig, EngineError
-from shared.messages import Generate, OutputOptions, SamplingParams, StreamOpen
+from shared.messages import Generate, SamplingParams
+from tests.unit.migration_support import migratable_open
 
 CORPUS = tuple(range(1000, 1060))  # short, so outputs wrap around the corpus end
 EOS = 7
@@ -31,21 +32,6 @@ def _original(sampling: SamplingParams) -> Generate:
     return Generate(request_id="r", model="m", token_ids=PROMPT, sampling=sampling, stream_to="")
 
 
-def _open(gen: Generate) -> StreamOpen:
-    return StreamOpen(
-        request_id="r",
-        api="chat",
-        model="m",
-        reply_to="gw",
-        created=0,
-        prompt_tokens=len(gen.token_ids),
-        output=OutputOptions(),
-        max_tokens=gen.sampling.max_tokens,
-        generate=gen,
-        migration_limit=3,
-    )
-
-
 @pytest.mark.parametrize(
     "sampling",
     [
@@ -62,7 +48,7 @@ def test_output_across_a_migration_equals_the_output_without_one(
 ) -> None:
     whole = _run(_engine(), _original(sampling))
     assert len(whole) > cut, "the request must still be running at the cut"
-    attempt = next_attempt(_open(_original(sampling)), whole[:cut], 0, "fmt.r")
+    attempt = next_attempt(migratable_open(_original(sampling)), whole[:cut], 0, "fmt.r")
     assert isinstance(attempt, Generate)
     rest = _run(_engine(), attempt)
     assert whole[:cut] + rest == whole
@@ -72,7 +58,7 @@ def test_the_corpus_end_still_stops_after_a_migration() -> None:
     sampling = SamplingParams(max_tokens=200)
     whole = _run(_engine(), _original(sampling))
     assert whole[-1] == EOS
-    attempt = next_attempt(_open(_original(sampling)), whole[:5], 0, "fmt.r")
+    attempt = next_attempt(migratable_open(_original(sampling)), whole[:5], 0, "fmt.r")
     assert isinstance(attempt, Generate)
     assert whole[:5] + _run(_engine(), attempt) == whole
 
