@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -12,6 +13,7 @@ import nats.errors
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
@@ -95,6 +97,20 @@ async def consumer_alive(sub: JetStreamContext.PushSubscription, timeout_s: floa
     except (nats.errors.Error, TimeoutError):
         return None
     return True
+
+
+SUB_DRAIN_TIMEOUT_S = 5.0
+
+
+async def drain_subscription(sub: Subscription, timeout_s: float = SUB_DRAIN_TIMEOUT_S) -> None:
+    """Stop a subscription, first handling what was already delivered to it, within
+    ``timeout_s``: nats-py's ``drain`` waits for its queue with no bound of its own."""
+    try:
+        await asyncio.wait_for(sub.drain(), timeout_s)  # type: ignore[no-untyped-call]
+    except (nats.errors.Error, TimeoutError) as exc:
+        log.warning("subscription_drain_cut", subject=sub.subject, error=repr(exc))
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
 
 
 def no_responders(msg: Msg) -> str | None:

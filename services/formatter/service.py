@@ -37,7 +37,7 @@ from services.formatter.streams import Dropped, Held, Ignore, Streams
 from services.formatter.tokenizer_cache import TokenizerCache
 from shared import codec
 from shared.bounce import Unreachable
-from shared.bus import barrier
+from shared.bus import barrier, drain_subscription
 from shared.errors import (
     ServiceError,
     ServiceUnavailable,
@@ -186,8 +186,7 @@ class FormatterService:
         if self._warmer is not None:
             await self._warmer.stop()
         if self._open_sub is not None:  # drain: handshakes already delivered are answered
-            with contextlib.suppress(Exception):
-                await self._open_sub.drain()  # type: ignore[no-untyped-call]
+            await drain_subscription(self._open_sub)
         if self._direct_sub is not None:
             # Preprocessors drop us from their pools; opens already sent are still served.
             leaving = FormatterLeaving(formatter_id=self._config.formatter_id)

@@ -31,7 +31,7 @@ from services.mocker.pacing import Pacer
 from services.mocker.publisher import WorkerPublisher
 from shared import codec
 from shared.bounce import Unreachable
-from shared.bus import barrier
+from shared.bus import barrier, drain_subscription
 from shared.errors import (
     ContextLengthExceeded,
     FormatterLost,
@@ -166,8 +166,7 @@ class MockWorker:
         self._accepting = False
         await self._registration.stop()
         if self._subs:  # drain: a Generate already delivered is answered (shutting_down)
-            with contextlib.suppress(Exception):
-                await self._subs[0].drain()  # type: ignore[no-untyped-call]
+            await drain_subscription(self._subs[0])
         try:
             await asyncio.wait_for(self._idle.wait(), timeout=grace_s)
         except TimeoutError:

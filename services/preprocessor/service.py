@@ -15,7 +15,6 @@ its ``StreamOpened`` teaches the pool.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -40,7 +39,7 @@ from services.preprocessor.prepare import (
 )
 from shared import codec, lifecycle
 from shared.bounce import Bounces
-from shared.bus import barrier
+from shared.bus import barrier, drain_subscription
 from shared.errors import ServiceUnavailable, UpstreamTimeout, from_message
 from shared.handlers import Boundary
 from shared.messages import (
@@ -142,8 +141,7 @@ class Preprocessor:
         """Stop taking requests; in-flight ones may finish within ``shutdown_grace_s``."""
         await self._warmer.stop()
         if self._sub is not None:  # drain: requests already delivered here are still served
-            with contextlib.suppress(Exception):
-                await self._sub.drain()  # type: ignore[no-untyped-call]
+            await drain_subscription(self._sub)
             self._sub = None
         await self._tasks.close(self._config.shutdown_grace_s)
         await self._bounces.stop()

@@ -36,7 +36,7 @@ from services.router.sync import KvSync
 from services.router.workers import WorkerTracker
 from shared import codec
 from shared.bounce import Bounces
-from shared.bus import barrier
+from shared.bus import barrier, drain_subscription
 from shared.errors import InternalError, NoWorkerAvailable, ServiceError
 from shared.handlers import Boundary
 from shared.messages import (
@@ -213,8 +213,7 @@ class Router:
     async def stop(self) -> None:
         """Stop taking requests (finishing those already received), then stop following."""
         if self._route_sub is not None:
-            with contextlib.suppress(Exception):
-                await self._route_sub.drain()  # type: ignore[no-untyped-call]
+            await drain_subscription(self._route_sub)
         await self._tasks.close()
         for sub in self._subs:
             with contextlib.suppress(Exception):
