@@ -13,7 +13,7 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
-from shared.registry.jetstream import wait_replicated
+from shared.registry.jetstream import wait_leader, wait_replicated
 from shared.subjects import Subjects
 
 log = structlog.get_logger(__name__)
@@ -61,7 +61,7 @@ async def ensure_kv_stream(
     """
     config = kv_stream_config(subjects, max_age_s=max_age_s, max_bytes=max_bytes, replicas=replicas)
     try:
-        return await js.add_stream(config)
+        info = await js.add_stream(config)
     except APIError as exc:
         # "Name already in use" (other limits), or "replicas > 1 not supported" for a stream
         # that exists: update it below. Any other failure of a stream that does not exist is
@@ -70,6 +70,10 @@ async def ensure_kv_stream(
             existing = await js.stream_info(config.name or "")
         except NotFoundError:
             raise exc from None
+    else:
+        if replicas > 1:  # a new replicated stream has no leader for a moment
+            await wait_leader(js, info.config.name or "")
+        return info
     have = existing.config.num_replicas or 1
     if have > replicas:
         config = config.evolve(num_replicas=have)

@@ -1,7 +1,8 @@
 """One lifecycle for every bus service: connect, build, start, serve until a signal, stop, drain.
 
 ``serving`` is an ``AsyncExitStack``: whatever was set up is undone in reverse order, also when
-start-up fails half way. ``run_service`` serves until SIGINT/SIGTERM (or ``stop``);
+start-up fails half way. A service that defines ``async def on_bus_back(self)`` has it awaited
+each time its NATS connection comes back. ``run_service`` serves until SIGINT/SIGTERM (or ``stop``);
 ``service_main`` is a service's whole ``python -m services.<name>`` entry point.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Protocol, TypeVar
 
@@ -45,10 +46,17 @@ async def serving(
     config: CommonConfig, name: str, build: Callable[[Client], S]
 ) -> AsyncIterator[S]:
     """Connect, build the service on the connection, start it; stop and drain on the way out."""
+    built: list[S] = []  # the connection exists before the service: its reconnect hook looks here
+
+    async def on_back() -> None:
+        for service in built:
+            await _bus_back(service)
+
     async with AsyncExitStack() as stack:
-        nc = await connect(config.nats_url, name=f"jetserve-{name}")
+        nc = await connect(config.nats_url, name=f"jetserve-{name}", on_back=on_back)
         stack.push_async_callback(_drain, nc)
         service = build(nc)
+        built.append(service)
         serve_metrics(service.service_metrics, config.metrics_port)
         await service.start()
         stack.push_async_callback(_stop, service, name)
@@ -77,6 +85,18 @@ def service_main(
     name = config.SERVICE
     configure_logging(service=name, level=config.log_level, fmt=config.log_format)
     run(lambda: run_service(config, name, lambda nc: build(config, nc)))
+
+
+async def _bus_back(service: Service) -> None:
+    """Await the service's ``on_bus_back``, if it has one; a failure is logged, not raised into
+    nats-py's reconnect loop."""
+    hook: Callable[[], Awaitable[None]] | None = getattr(service, "on_bus_back", None)
+    if hook is None:
+        return
+    try:
+        await hook()
+    except Exception:  # the hook's own boundary: log once, the connection goes on
+        log.exception("bus_back_hook_crashed")
 
 
 async def _stop(service: Service, name: str) -> None:

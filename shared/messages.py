@@ -199,6 +199,10 @@ class ResponseChunk(Message, frozen=True):
     """On the ``done`` chunk: the tokens generated."""
     finish_reason: str | None = None
     """On the ``done`` chunk: why generation ended."""
+    seq: int = 0
+    """Per request, from 0: every chunk the formatter sends is numbered, so the gateway sees a
+    hole (a chunk lost in transit, e.g. while its NATS node changes) and asks for a replay
+    (``StreamResume``, decision 018)."""
 
 
 class Cancel(Message, frozen=True):
@@ -228,6 +232,39 @@ class RouteStatus(Message, frozen=True):
     it (it was lost before routing: a router died holding it)."""
 
     worker_id: str | None = None
+
+
+class StreamResume(Message, frozen=True):
+    """Gateway -> every formatter and preprocessor (broadcast, request/reply, decision 018): who
+    holds this request? The formatter holding it answers ``StreamHeld`` and sends its chunks from
+    ``from_seq`` on to the request's reply subject again; a preprocessor preparing it answers
+    ``StreamHeld`` too. Nobody answering means the request was lost in transit."""
+
+    from_seq: int = 0
+
+
+class StreamHeld(Message, frozen=True):
+    """Answer to ``StreamResume``: ``holder`` is ``formatter`` or ``preprocessor``.
+
+    From a formatter: ``first_seq`` is the oldest chunk it still holds (a replay from before it
+    cannot be made: the stream has a hole) and ``next_seq`` the number of the next chunk."""
+
+    holder: str
+    first_seq: int = 0
+    next_seq: int = 0
+
+
+class WorkerPing(Message, frozen=True):
+    """Formatter -> one worker, on its ping subject (request/reply, decision 018): do you still
+    hold this attempt of the request? (A router's liveness probe sends an empty body.)"""
+
+    attempt: int = 0
+
+
+class WorkerPong(Message, frozen=True):
+    """Worker -> formatter: whether it is generating ``WorkerPing``'s attempt of the request."""
+
+    held: bool
 
 
 class Migrated(Message, frozen=True):

@@ -80,7 +80,8 @@ class Subjects:
         return f"{self._p}.worker.{worker_id}.generate"
 
     def worker_ping(self, worker_id: str) -> str:
-        """Router -> one worker, request/reply: are you there? ("no responders" = gone)."""
+        """Router -> one worker, request/reply: are you there? ("no responders" = gone).
+        Formatter -> one worker: ``WorkerPing``, do you hold this request? (``WorkerPong``)."""
         return f"{self._p}.worker.{worker_id}.ping"
 
     @property
@@ -111,6 +112,12 @@ class Subjects:
 
     def bounce_all(self, instance_id: str) -> str:
         return f"{self._p}.bounce.{instance_id}.*"
+
+    @property
+    def stream_resume(self) -> str:
+        """Gateway -> every formatter and preprocessor (broadcast, request/reply):
+        ``StreamResume``; the holder answers ``StreamHeld`` and replays (decision 018)."""
+        return f"{self._p}.stream_resume"
 
     @property
     def cancel(self) -> str:

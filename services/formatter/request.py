@@ -8,10 +8,12 @@ empty first batch; the finish adds no bytes).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from services.formatter.chunks import Nvext, Shaper, Usage, shaper_for, usage
 from services.formatter.detokenizer import Detokenizer
+from services.formatter.replay import ChunkHistory
 from shared.errors import InternalError, ServiceUnavailable
 from shared.messages import StreamOpen, TokenBatch
 
@@ -29,13 +31,17 @@ class RequestFormatter:
         "_started",
         "cached_tokens",
         "finish_reason",
+        "gateway_away_since",
         "generated",
+        "history",
         "index_base",
+        "is_pinging",
         "last_seen",
         "lost_workers",
         "migrations",
         "next_index",
         "open",
+        "pinged_at",
         "route_checked",
         "started_at",
         "worker_id",
@@ -75,6 +81,14 @@ class RequestFormatter:
         (their late batches are told apart by ``TokenBatch.attempt``)."""
         self.finish_reason: str | None = None
         """Set once the request is finished (then the caller drops this state)."""
+        self.history = ChunkHistory()
+        """The chunks sent so far, numbered, for a gateway that asks again (decision 018)."""
+        self.gateway_away_since: float | None = None
+        """When a chunk first bounced (its gateway is away) since the last ``StreamResume``."""
+        self.is_pinging = False
+        """Whether a ``WorkerPing`` about this request is in flight."""
+        self.pinged_at = -math.inf
+        """When the last ``WorkerPing`` about this request was sent."""
         self.started_at = now
         self.last_seen = now
 
@@ -100,8 +114,10 @@ class RequestFormatter:
             self.cached_tokens = batch.cached_tokens
         if self.generated is not None:
             self.generated.extend(batch.token_ids)
-        if batch.worker_id:
+        if batch.worker_id and batch.worker_id != self.worker_id:
             self.worker_id = batch.worker_id
+            # It holds the current attempt: if it is lost now, the request must move again.
+            self.lost_workers.discard(batch.worker_id)
         detok = self._detok
         text = detok.push(batch.token_ids, stop_token_id=batch.stop_token_id)
         finish = "stop" if detok.stopped else batch.finish_reason
@@ -127,6 +143,32 @@ class RequestFormatter:
             return False
         self.route_checked = True
         return True
+
+    @property
+    def may_migrate(self) -> bool:
+        """Whether the request may be routed again once more (decision 017's limit)."""
+        return self.open.generate is not None and self.migrations < self.open.migration_limit
+
+    def awaits_stall_check(self, now: float, after_s: float) -> bool:
+        """True when the worker should be asked whether it still holds this attempt: no batch
+        and no ask for ``after_s`` (decision 018); starts the ask (``ping_started``)."""
+        if now - self.last_seen < after_s or now - self.pinged_at < after_s:
+            return False
+        return self.ping_started(now)
+
+    def ping_started(self, now: float) -> bool:
+        """Start an ask now, unless one is in flight, the worker is unknown, or the request could
+        not move anyway (then asking is useless: the idle timeout handles it)."""
+        if self.is_pinging or not self.worker_id or not self.may_migrate:
+            return False
+        self.is_pinging = True
+        self.pinged_at = now
+        return True
+
+    def gateway_gone(self, now: float, grace_s: float) -> bool:
+        """True once its gateway has been away ``grace_s`` with no ``StreamResume`` since."""
+        since = self.gateway_away_since
+        return since is not None and now - since > grace_s
 
     def migrated(self, from_worker: str, now: float) -> None:
         """The request was routed again: the next worker counts its batches from 0."""

@@ -7,9 +7,10 @@ queue-group request (answered with ``StreamOpened``) or on this instance's direc
 unanswered, in which case its token batches may arrive first (decision 013).
 
 Migration (decision 017, ``migration.py``): when a router says a request's worker is lost
-(``WorkerLost``), or the worker gave it up while draining, the request is routed again with
-what it generated so far; the client's stream goes on. Chunks go out with a bounce subject:
-a gateway that died is noticed at the next chunk and its requests stopped.
+(``WorkerLost``), the worker gave it up while draining, its batches show a hole, or its worker
+no longer holds it (decision 018), the request is routed again with what it generated so far;
+the client's stream goes on. Chunks are numbered and kept for a replay (``recovery.py``); they
+go out with a bounce subject: a gateway that is away gets ``GATEWAY_GRACE_S`` to come back.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-import nats.errors
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -32,6 +32,7 @@ from structlog.contextvars import bound_contextvars
 
 from services.formatter.config import FormatterConfig
 from services.formatter.migration import RETRYABLE_CODES, NotMigrated, next_attempt
+from services.formatter.recovery import GATEWAY_GRACE_S, STALL_CHECK_S, Recovery
 from services.formatter.request import RequestFormatter
 from services.formatter.streams import Dropped, Held, Ignore, Streams
 from services.formatter.tokenizer_cache import TokenizerCache
@@ -55,8 +56,6 @@ from shared.messages import (
     MigrationKind,
     RequestFailed,
     ResponseChunk,
-    RouteQuery,
-    RouteStatus,
     StreamOpen,
     StreamOpened,
     TokenBatch,
@@ -125,6 +124,17 @@ class FormatterService:
         )
         self._is_debug = log.is_enabled_for(logging.DEBUG)
         boundary = self._boundary = Boundary(nc, self.metrics)
+        self._recovery = Recovery(
+            nc,
+            subjects,
+            self._streams,
+            boundary=boundary,
+            unreachable=self._unreachable,
+            migrate=self._migrate,
+            move=self._move,
+            tasks=self._tasks,
+            clock=clock,
+        )
         self._on_stream_msg = boundary.handler(
             codec.WORKER_EVENTS,
             "stream",
@@ -166,6 +176,7 @@ class FormatterService:
         self._subs.append(await nc.subscribe(subjects.cancel, cb=self._on_cancel_msg))
         self._subs.append(await nc.subscribe(subjects.worker_lost, cb=self._on_lost_msg))
         await self._unreachable.start()
+        await self._recovery.start()
         # A restart while workers serve: load their tokenizers before taking streams.
         self._warmer = ModelWarmer(nc.jetstream(), subjects, self._tokenizers.get)
         await self._warmer.start()
@@ -204,8 +215,13 @@ class FormatterService:
             await self._fail(state, ShuttingDown("the formatter is shutting down"))
         for sub in self._subs:
             await sub.unsubscribe()
+        await self._recovery.stop()
         await self._unreachable.stop()
         await self._tasks.close()
+
+    async def on_bus_back(self) -> None:
+        """Our NATS connection is back (``shared.lifecycle``): check every routed request now."""
+        await self._recovery.on_bus_back()
 
     # --- handlers (decoded, request id bound, counted, failures answered by the Boundary) ----
 
@@ -294,13 +310,18 @@ class FormatterService:
 
     # --- migration -----------------------------------------------------------------------------
 
-    async def _move(self, state: RequestFormatter, from_worker: str, reason: str) -> None:
+    async def _move(
+        self,
+        state: RequestFormatter,
+        from_worker: str,
+        reason: str,
+        lost: str = "the worker serving this request was lost",
+    ) -> None:
         """Migrate the request, or fail it with ``worker_lost`` when it may not move."""
         outcome = await self._migrate(state, from_worker, reason)
         if isinstance(outcome, NotMigrated):
             log.warning("request_not_migrated", worker_id=from_worker, why=outcome.reason)
-            error = WorkerLost(f"the worker serving this request was lost; {outcome.reason}")
-            await self._fail(state, error)
+            await self._fail(state, WorkerLost(f"{lost}; {outcome.reason}"))
 
     async def _migrate(
         self, state: RequestFormatter, from_worker: str, reason: str
@@ -335,37 +356,27 @@ class FormatterService:
         log.info("request_migrated", **fields)
         return attempt
 
-    async def _check_routed(self, state: RequestFormatter) -> None:
-        """No token for a while: if no router knows the request, a router died holding it."""
-        request_id = state.open.request_id
-        query = codec.encode(RouteQuery(request_id=request_id))
-        try:
-            reply = await self._nc.request(self._subjects.route_status, query, timeout=1.0)
-            status = codec.decode(reply.data, RouteStatus)
-        except (nats.errors.Error, codec.DecodeError) as exc:
-            log.debug("route_check_failed", request_id=request_id, error=str(exc))
-            state.route_checked = False  # nothing learned: ask again at the next sweep
-            return
-        if status.worker_id is not None:
-            if not state.worker_id:
-                state.worker_id = status.worker_id
-            return
-        if self._streams.get(request_id) is state and state.next_index == state.index_base:
-            with bound_contextvars(request_id=request_id):
-                await self._move(state, "", "lost_before_routing")
-
     async def _on_bounce(self, request_id: str, subject: str) -> None:
-        """Nobody took a migrated ``Generate`` (no router), or a chunk (the gateway is gone)."""
+        """Nobody took a migrated ``Generate`` (no router), or a chunk (the gateway is away:
+        it has ``GATEWAY_GRACE_S`` to ask for a replay; an ended request keeps its history)."""
         state = self._streams.get(request_id)
         if state is None:
             return
         with bound_contextvars(request_id=request_id):
             if subject == self._subjects.route:
                 await self._fail(state, ServiceUnavailable("no router is running"))
-                return
-            log.warning("gateway_gone", subject=subject)
-            self._end(request_id)
-            await self._cancel_worker(request_id, "gateway_gone")
+            elif state.gateway_away_since is None:
+                state.gateway_away_since = self._clock()
+                log.info("gateway_away", subject=subject)
+
+    async def _gateway_gone(self, state: RequestFormatter, now: float) -> None:
+        """Its gateway stayed away the whole grace: end the request, stop its worker."""
+        request_id = state.open.request_id
+        away_s = now - (state.gateway_away_since or now)
+        with bound_contextvars(request_id=request_id):
+            log.warning("gateway_gone", away_s=round(away_s, 2))
+        self._end(request_id)
+        await self._cancel_worker(request_id, "gateway_gone")
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -403,7 +414,7 @@ class FormatterService:
             return await self._resume_cancelled(state, event, now)
         position = state.position(event)
         if position != state.next_index:
-            log.warning("token_batch_gap", expected=state.next_index, got=position)
+            return await self._out_of_turn(state, event, position)
         try:
             data = state.on_batch(event, now)
         except ServiceError as exc:
@@ -411,25 +422,46 @@ class FormatterService:
             return False
         if state.finish_reason is None:
             if data:
-                chunk = ResponseChunk(request_id=event.request_id, data=data)
+                chunk = ResponseChunk(
+                    request_id=event.request_id, data=data, seq=state.history.next_seq
+                )
+                encoded = codec.encode(chunk)
+                state.history.add(encoded)  # the bytes sent are the bytes kept: no copy
                 reply = self._unreachable.reply_for(event.request_id)
-                await self._nc.publish(state.open.reply_to, codec.encode(chunk), reply=reply)
+                await self._nc.publish(state.open.reply_to, encoded, reply=reply)
             return True
         await self._finish(state, data)
         return False
+
+    async def _out_of_turn(self, state: RequestFormatter, batch: TokenBatch, position: int) -> bool:
+        """A batch that does not start at the next token. Before it: a repeat, dropped. Past it:
+        batches were lost, so the request moves on from the tokens it has (the batch is dropped:
+        the next attempt makes those tokens again), or fails when it may not move."""
+        expected = state.next_index
+        if position < expected:
+            log.debug("token_batch_repeated", expected=expected, got=position)
+            return True
+        log.warning("token_batch_gap", expected=expected, got=position)
+        lost = "token batches were lost in transit"
+        await self._move(state, state.worker_id or batch.worker_id, "batch_gap", lost)
+        return self._streams.get(batch.request_id) is state
 
     async def _resume_cancelled(
         self, state: RequestFormatter, batch: TokenBatch, now: float
     ) -> bool:
         """Keep the batch's tokens, then migrate; a request that may not move ends cancelled."""
         kept = msgspec.structs.replace(batch, finish_reason=None)
+        attempt = state.migrations
         if batch.token_ids and not await self._deliver(state, kept, now):
             return False
+        if state.migrations != attempt:
+            return True  # the batch showed a hole: it moved already
         if not isinstance(
             await self._migrate(state, batch.worker_id, "worker_cancelled"), NotMigrated
         ):
             return True
-        return await self._deliver(state, msgspec.structs.replace(batch, token_ids=()), now)
+        end = msgspec.structs.replace(batch, token_ids=(), index=batch.index + len(batch.token_ids))
+        return await self._deliver(state, end, now)
 
     async def _finish(self, state: RequestFormatter, data: bytes) -> None:
         """Send the last chunk, with the token counts (the gateway's access line, gRPC's
@@ -443,8 +475,12 @@ class FormatterService:
             prompt_tokens=state.open.prompt_tokens,
             completion_tokens=state.completion_tokens,
             finish_reason=state.finish_reason,
+            seq=state.history.next_seq,
         )
-        await self._nc.publish(state.open.reply_to, codec.encode(chunk))
+        encoded = codec.encode(chunk)
+        state.history.add(encoded)
+        self._recovery.keep(state)  # before publishing: a resume may come at once
+        await self._nc.publish(state.open.reply_to, encoded)
         if state.stopped_by_string:
             await self._cancel_worker(request_id, "stop_string")
         if self._is_debug:
@@ -461,13 +497,16 @@ class FormatterService:
     async def _forward_failure(self, state: RequestFormatter, failed: RequestFailed) -> None:
         self._end(failed.request_id)
         self.metrics.error(failed.code)
-        await self._nc.publish(state.open.reply_to, codec.encode(failed))
+        encoded = codec.encode(failed)
+        self._recovery.keep(state, tail=encoded)
+        await self._nc.publish(state.open.reply_to, encoded)
         log.warning("request_failed_upstream", code=failed.code, status=failed.status)
 
     async def _fail(self, state: RequestFormatter, exc: ServiceError) -> None:
         """End the request, send ``exc`` to its gateway and stop its worker."""
         request_id = state.open.request_id
         self._end(request_id)
+        self._recovery.keep(state, tail=codec.encode(exc.to_message(request_id)))
         with bound_contextvars(request_id=request_id):
             await self._boundary.fail(state.open.reply_to, request_id, exc)
         await self._cancel_worker(request_id, exc.code)
@@ -498,10 +537,10 @@ class FormatterService:
         period_s = min(1.0, timeout_s / 4)
         while True:
             await asyncio.sleep(period_s)
-            now = self._clock()
-            for _, state in self._streams.open_requests():
-                if state.awaits_routing_check(now, UNROUTED_CHECK_S):
-                    self._tasks.spawn(self._check_routed(state), name="route-check")
+            try:
+                await self._check_requests(self._clock())
+            except Exception:  # the sweeper must outlive a failed publish
+                log.exception("request_crashed", kind="sweep")
             expired = self._streams.expire(self._clock())
             for request_id in expired.early:
                 log.debug("early_events_expired", request_id=request_id)
@@ -511,6 +550,18 @@ class FormatterService:
                     await self._fail(state, error)
                 except Exception:  # the sweeper must outlive a failed publish
                     log.exception("request_crashed", kind="idle_timeout")
+
+    async def _check_requests(self, now: float) -> None:
+        """End requests whose gateway is gone; ask about unrouted and stalled ones."""
+        recovery = self._recovery
+        for _, state in self._streams.open_requests():
+            if state.gateway_gone(now, GATEWAY_GRACE_S):
+                await self._gateway_gone(state, now)
+            elif state.awaits_routing_check(now, UNROUTED_CHECK_S):
+                recovery.check_routed(state)
+            elif state.awaits_stall_check(now, STALL_CHECK_S):
+                recovery.ping(state)
+        recovery.finished.prune(now)
 
 
 def _gateway(request: StreamOpen) -> str:

@@ -2,8 +2,10 @@
 tensor worker), demux replies per request.
 
 One wildcard subscription (``subjects.reply_all(gateway_id)``) feeds one ``Inbox`` per
-in-flight request. Every wait has a timeout; a timeout or a client disconnect publishes
-``Cancel`` so the rest of the pipeline stops work. HTTP and gRPC share one bus.
+in-flight request, its chunks in ``seq`` order (decision 018: a chunk past a hole, a silent
+request or a connection back makes ``probes.Prober`` ask who holds it and for a replay). Every
+wait has a timeout; a timeout or a client disconnect publishes ``Cancel`` so the rest of the
+pipeline stops work. HTTP and gRPC share one bus.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
 from collections.abc import Callable
 
 import msgspec
@@ -23,6 +24,8 @@ from nats.errors import Error as NatsError
 
 from services.gateway.config import GatewayConfig
 from services.gateway.errors import ClientTooSlow, DuplicateRequestId, NoResponders
+from services.gateway.inbox import Inbox, Probe, ReplyItem
+from services.gateway.probes import Prober
 from services.gateway.retry import RetryBudget, attempt_id
 from shared import codec
 from shared.bus import connect, no_responders
@@ -52,78 +55,15 @@ from shared.tasks import TaskSet
 
 log = structlog.get_logger(__name__)
 
-ReplyItem = ResponseChunk | TensorResult | ServiceError
+__all__ = ["GatewayBus", "Inbox", "Reply", "ReplyItem"]
+
 NO_WORKER_RETRY_AFTER_S = 1.0
 BUS_WAIT_S = 2.0
 """A request that arrives while NATS is unreachable waits this long for it, then gets a 503."""
+BUS_LOST_GRACE_S = 5.0
+"""Requests in flight outlive a lost connection this long: back sooner, each is asked for (a
+replay of) what it missed (decision 018); later, each fails with a typed 503, as before."""
 BUS_UNAVAILABLE = "The message bus is unavailable."
-
-
-class Inbox:
-    """One request's replies in arrival order, with at most one waiter.
-
-    ``asyncio.Queue`` plus ``asyncio.timeout`` per wait cost more than this needs: one
-    consumer, a timeout on every wait. Here a wait is one future and one timer. The bytes
-    waiting for a slow client are bounded: past ``max_bytes`` the queue is dropped for one
-    ``ClientTooSlow`` error, and later replies are ignored.
-    """
-
-    __slots__ = ("_bytes", "_items", "_waiter", "max_bytes", "unreachable")
-
-    def __init__(
-        self, unreachable: str = "No preprocessor is running.", max_bytes: int = 0
-    ) -> None:
-        self._items: deque[ReplyItem] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._bytes = 0
-        self.max_bytes = max_bytes
-        """0 = no bound."""
-        self.unreachable = unreachable
-        """The error message when NATS answers "no responders" for this request."""
-
-    def put_nowait(self, item: ReplyItem) -> None:
-        if self._bytes < 0:
-            return  # overflowed: the request is being ended
-        if isinstance(item, ResponseChunk):
-            self._bytes += len(item.data)
-            if self.max_bytes and self._bytes > self.max_bytes:
-                self._items.clear()
-                self._bytes = -1
-                item = ClientTooSlow(
-                    f"The client read too slowly: over {self.max_bytes} bytes were waiting."
-                )
-        self._items.append(item)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def empty(self) -> bool:
-        return not self._items
-
-    def get_nowait(self) -> ReplyItem:
-        item = self._items.popleft()
-        if isinstance(item, ResponseChunk) and self._bytes > 0:
-            self._bytes -= len(item.data)
-        return item
-
-    async def wait(self, timeout_s: float) -> bool:
-        """Wait until an item is in (True) or ``timeout_s`` has passed (False)."""
-        if self._items:
-            return True
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(timeout_s, _wake, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._waiter = None
-        return bool(self._items)
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 class Reply:
@@ -259,6 +199,9 @@ class GatewayBus:
         """Per model: how many tensor requests were sent (round-robin over its live workers)."""
         self._background = TaskSet()
         self._bus_up = asyncio.Event()
+        self._prober = Prober(self.subjects, self._pending)
+        self._grace: asyncio.TimerHandle | None = None
+        """While the connection is lost: when the requests in flight fail."""
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -283,10 +226,14 @@ class GatewayBus:
             self.subjects.reply_all(config.gateway_id), cb=self._on_reply
         )
         await nc.flush()
+        self._prober.start(nc)
         log.info("bus_started", gateway_id=config.gateway_id, namespace=self.subjects.namespace)
 
     async def stop(self) -> None:
         """Flush pending cancels, stop watching the registry and drain the connection."""
+        await self._prober.stop()
+        if self._grace is not None:
+            self._grace.cancel()
         await self._background.close(grace_s=2)
         if self._directory is not None:
             await self._directory.stop()
@@ -300,22 +247,45 @@ class GatewayBus:
         return self._nc is not None and self._nc.is_connected
 
     async def _on_bus_lost(self) -> None:
-        """Fail every request in flight at once (503, retryable) and cancel its work.
+        """Keep the requests in flight for ``BUS_LOST_GRACE_S``; fail them if still lost then.
 
-        Core NATS keeps nothing for a subscriber that is away, so replies sent while this
-        connection is down are lost: a stream would come back with a hole, or never end. The
-        cancels wait in nats-py's buffer and go out when the connection is back.
+        Core NATS keeps nothing for a subscriber that is away, so replies sent meanwhile are
+        lost; a connection back in time asks the formatters to replay them (``_on_bus_back``).
         """
         self._bus_up.clear()
-        pending, self._pending = self._pending, {}
+        self._prober.on_lost()
+        if self._nc is not None and self._nc.is_closed:
+            self._fail_in_flight()  # closed for good (stop): it will not come back
+            return
+        if self._grace is None:
+            loop = asyncio.get_running_loop()
+            self._grace = loop.call_later(BUS_LOST_GRACE_S, self._fail_in_flight)
+        if self._pending:
+            log.warning("bus_lost_requests_held", in_flight=len(self._pending))
+
+    def _fail_in_flight(self) -> None:
+        """Fail every request in flight at once (503, retryable) and cancel its work.
+
+        The cancels wait in nats-py's buffer and go out when the connection is back.
+        """
+        if self._grace is not None:
+            self._grace.cancel()  # a no-op when it is the timer that called
+            self._grace = None
+        pending = list(self._pending.items())
+        self._pending.clear()  # cleared, not replaced: the prober reads the same dict
         if pending:
             log.warning("bus_lost_requests_failed", in_flight=len(pending))
-        for request_id, inbox in pending.items():
+        for request_id, inbox in pending:
             inbox.put_nowait(ServiceUnavailable(BUS_UNAVAILABLE))
             self._background.spawn(self._publish_cancel(request_id, "bus_lost"))
 
     async def _on_bus_back(self) -> None:
+        """Take requests again, and ask about every one in flight (what did it miss?)."""
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
         self._bus_up.set()
+        self._prober.on_back()
 
     async def _bus_ready(self) -> None:
         """Return once NATS is connected, waiting up to ``BUS_WAIT_S``; else 503 (retryable)."""
@@ -381,11 +351,12 @@ class GatewayBus:
 
     async def submit(self, request: Preprocess) -> Reply:
         """Start listening for the request's replies, then publish it to the preprocessors."""
-        retry = RetryBudget(self._config.retry_budget_s, time.monotonic())
+        retry = RetryBudget(self._config.retry_budget_s)
         return await self._send(self.subjects.preprocess, request, retry=retry)
 
     async def resend(self, request: Preprocess, inbox: Inbox) -> None:
         """Publish a resubmission whose replies go to an existing inbox."""
+        inbox.restart(time.monotonic())
         await self._publish(self.subjects.preprocess, request, inbox)
 
     async def submit_tensor(self, request: TensorInfer, worker_id: str) -> Reply:
@@ -408,7 +379,10 @@ class GatewayBus:
                 f"Request id `{request_id}` is already in flight.", param="X-Request-Id"
             )
         limit = self._config.max_buffered_bytes_per_request
-        inbox = Inbox(max_bytes=limit) if unreachable is None else Inbox(unreachable, limit)
+        if unreachable is None:
+            inbox = Inbox(max_bytes=limit, probe=Probe(time.monotonic()))
+        else:
+            inbox = Inbox(unreachable, limit)
         await self._publish(subject, request, inbox)
         if isinstance(request, Preprocess):
             return Reply(self, request_id, inbox, request, retry)
@@ -451,17 +425,42 @@ class GatewayBus:
 
     async def _on_reply(self, msg: Msg) -> None:
         self._replies.inc()
-        queue = self._pending.get(request_id_of(msg.subject))
-        if queue is None:
+        request_id = request_id_of(msg.subject)
+        inbox = self._pending.get(request_id)
+        if inbox is None:
             log.debug("reply_dropped", subject=msg.subject)
             return
         if no_responders(msg) is not None:
-            queue.put_nowait(NoResponders(queue.unreachable))
+            _end(inbox, NoResponders(inbox.unreachable))
             return
         try:
             event: GatewayEvent = codec.GATEWAY_EVENTS.decode(msg.data)
         except codec.DecodeError as exc:
             log.warning("reply_undecodable", subject=msg.subject, error=str(exc))
-            queue.put_nowait(InternalError("An upstream service sent an undecodable reply."))
+            _end(inbox, InternalError("An upstream service sent an undecodable reply."))
             return
-        queue.put_nowait(from_message(event) if isinstance(event, RequestFailed) else event)
+        if isinstance(event, ResponseChunk):
+            if not inbox.admit(event.seq):
+                self._out_of_turn(request_id, inbox, event.seq)
+                return
+            if event.done and inbox.probe is not None:
+                inbox.probe.end()
+        elif isinstance(event, RequestFailed):
+            _end(inbox, from_message(event))
+            return
+        inbox.put_nowait(event)
+
+    def _out_of_turn(self, request_id: str, inbox: Inbox, seq: int) -> None:
+        """Drop a chunk not in turn: a duplicate (a replay), or one past a hole: ask for it."""
+        if seq < inbox.next_seq:
+            log.debug("chunk_duplicate_dropped", request_id=request_id, seq=seq)
+            return
+        log.debug("chunk_hole", request_id=request_id, seq=seq, next_seq=inbox.next_seq)
+        self._prober.on_hole(request_id, inbox)
+
+
+def _end(inbox: Inbox, error: ServiceError) -> None:
+    """Put the error that ends (or resubmits) the request; stop probing it meanwhile."""
+    if inbox.probe is not None:
+        inbox.probe.end()
+    inbox.put_nowait(error)

@@ -75,7 +75,8 @@ class GatewayConfig(CommonConfig):
     retry_budget_s: float = setting(
         5.0,
         "Resubmit a request that failed with a passing 503 (a hop restarting or draining, a "
-        "formatter lost) before any byte reached the client, for up to this long; 0 = never",
+        "formatter lost) before any byte reached the client, for up to this long after its first "
+        "failure; 0 = never",
         ge=0,
     )
     worker_ttl_s: float = setting(

@@ -1,9 +1,9 @@
 """Gateway-only errors: a client that went away, a wrong method, a reused request id, a hop
-nobody listens on."""
+nobody listens on, a stream that cannot be replayed."""
 
 from __future__ import annotations
 
-from shared.errors import InvalidRequest, ServiceError, ServiceUnavailable
+from shared.errors import FormatterLost, InvalidRequest, ServiceError, ServiceUnavailable
 
 
 class ClientDisconnected(ServiceError):
@@ -41,3 +41,19 @@ class NoResponders(ServiceUnavailable):
     Same ``code`` as ``ServiceUnavailable``; its own class so a tensor request can go on to the
     next live worker when the one it picked has just gone.
     """
+
+
+class StreamGap(FormatterLost):
+    """Chunks lost in transit can no longer be replayed: the formatter holding the request
+    keeps its chunks from ``first_seq`` only, past the ``from_seq`` the gateway is missing.
+
+    Same ``code`` as ``FormatterLost`` (503, resubmitted while nothing reached the client).
+    """
+
+    def __init__(self, *, from_seq: int, first_seq: int) -> None:
+        super().__init__(
+            f"Response chunks {from_seq} to {first_seq - 1} were lost in transit and the "
+            "formatter no longer holds them."
+        )
+        self.from_seq = from_seq
+        self.first_seq = first_seq

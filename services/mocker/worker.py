@@ -5,9 +5,12 @@ KV events to the publisher without waiting, and publishes lifecycle and load. Th
 on the shared boundary (``shared.handlers``): a rejected request is answered on its stream and
 its slot freed (phase ``finished``) there.
 
-Liveness (decision 017): ``ping`` answers routers' probes until the very end of a drain; token
-batches go out with a bounce subject, so a formatter that died is noticed at the next batch:
-the request is cancelled here and its gateway told (``FormatterLost``).
+Liveness (decisions 017, 018): ``ping`` answers routers' empty probes until the very end of a
+drain, and a formatter's ``WorkerPing`` with whether this worker holds that attempt of the
+request. Token batches go out with a bounce subject: a bounce starts a grace
+(``grace.FORMATTER_GRACE_S``) during which the request keeps generating, since its formatter
+may be moving to another NATS node; if the attempt is still here and still bouncing when the
+grace ends, the request is cancelled and its gateway told (``FormatterLost``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from structlog.contextvars import bound_contextvars
 
 from services.mocker.config import MockerConfig
 from services.mocker.engine import Emission, Engine, EngineConfig, EngineError
+from services.mocker.grace import FORMATTER_GRACE_S, FormatterGrace
 from services.mocker.metrics import MockerMetrics
 from services.mocker.model import ModelInfo
 from services.mocker.outbox import Outbox
@@ -44,10 +48,11 @@ from shared.errors import (
 )
 from shared.handlers import Boundary
 from shared.hashing import salted_seed
-from shared.messages import Cancel, Generate, TokenBatch, WorkerCard
+from shared.messages import Cancel, Generate, TokenBatch, WorkerCard, WorkerPing, WorkerPong
 from shared.recent import RecentIds
 from shared.registry import WorkerRegistration
 from shared.subjects import Subjects
+from shared.tasks import TaskSet
 
 log = structlog.get_logger(__name__)
 
@@ -69,12 +74,6 @@ def engine_config(config: MockerConfig, model: ModelInfo) -> EngineConfig:
 
 def _stream_to(gen: Generate) -> str:
     return gen.stream_to
-
-
-async def _pong(msg: Msg) -> None:
-    """A router's liveness probe: answering at all is the answer."""
-    with contextlib.suppress(Exception):
-        await msg.respond(b"")
 
 
 class MockWorker:
@@ -106,9 +105,11 @@ class MockWorker:
             replicas=config.js_replicas,
         )
         self._outbox = Outbox(worker_id)
-        self._unreachable = Unreachable(
-            nc, subjects, self._on_formatter_gone, instance_id=worker_id
-        )
+        self._unreachable = Unreachable(nc, subjects, self._on_bounce, instance_id=worker_id)
+        self._grace = FormatterGrace()
+        """Requests whose batches bounced, waiting out their formatter's move (decision 018)."""
+        self._grace_tasks = TaskSet()
+        """One timer task per request in ``_grace``."""
         self._early_cancels = RecentIds(ttl_s=60.0)
         """Cancels for requests not (yet) here: a Generate that arrives after its cancel."""
         card = WorkerCard(
@@ -155,7 +156,7 @@ class MockWorker:
             self._subs.append(await self._nc.subscribe(generate, cb=on_generate))
             self._subs.append(await self._nc.subscribe(self._subjects.cancel, cb=on_cancel))
             ping = self._subjects.worker_ping(self.worker_id)
-            self._subs.append(await self._nc.subscribe(ping, cb=_pong))
+            self._subs.append(await self._nc.subscribe(ping, cb=self._on_ping))
             self._loop_task = asyncio.create_task(self._loop(), name=f"engine-{self.worker_id}")
         await barrier(self._nc)  # subscribed on the server before the card says "ready"
         await self._registration.start()
@@ -182,6 +183,8 @@ class MockWorker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
         await self._flush(self._outbox.dirty())
+        await self._grace_tasks.close()
+        self._grace.clear()
         for sub in self._subs[1:]:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -341,6 +344,8 @@ class MockWorker:
             stream_to, batch = taken
             reply = self._unreachable.reply_for(request_id)
             await self._nc.publish(stream_to, codec.encode(batch), reply=reply)
+            if self._grace:  # a bounce is being waited out: whether this one bounces tells
+                self._grace.sent(request_id, time.monotonic())
             if batch.finish_reason is not None:
                 log.debug(
                     "request_finished",
@@ -350,15 +355,62 @@ class MockWorker:
                     completion_tokens=batch.index + len(batch.token_ids),
                 )
 
-    async def _on_formatter_gone(self, request_id: str, subject: str) -> None:
-        """A batch bounced: nobody formats this request any more. Stop it, tell its gateway."""
+    # --- liveness: pings and bounces (decision 018) -----------------------------------------------
+
+    async def _on_ping(self, msg: Msg) -> None:
+        """A router's probe (empty: answering at all is the answer) or a formatter's
+        ``WorkerPing`` (answered with ``WorkerPong``; an undecodable one is not answered)."""
+        answer = self._pong(msg.data) if msg.data else b""
+        if answer is None:
+            return
+        with contextlib.suppress(Exception):  # the asker may be gone; nothing to do about it
+            await msg.respond(answer)
+
+    def _pong(self, data: bytes) -> bytes | None:
+        """``held``: this attempt of the request is here, queued, running or finishing."""
+        try:
+            ping = codec.decode(data, WorkerPing)
+        except codec.DecodeError as exc:
+            self._boundary.metrics.error("message_undecodable")
+            log.warning("message_undecodable", kind="worker_ping", error=str(exc))
+            return None
+        held = self._outbox.attempt(ping.request_id) == ping.attempt
+        return codec.encode(WorkerPong(request_id=ping.request_id, held=held))
+
+    async def _on_bounce(self, request_id: str, subject: str) -> None:
+        """A batch bounced: its formatter is gone or moving; keep generating for a grace."""
+        attempt = self._outbox.attempt(request_id)
+        if attempt is None:
+            return  # finished or stopped meanwhile (one bounce per batch in flight)
+        if not self._grace.bounced(request_id, attempt, time.monotonic()):
+            return  # its grace is already running
+        with bound_contextvars(request_id=request_id, worker_id=self.worker_id):
+            log.info("formatter_unreachable", subject=subject, grace_s=FORMATTER_GRACE_S)
+            self._grace_tasks.spawn(self._await_grace(request_id), name=f"grace-{request_id}")
+
+    async def _await_grace(self, request_id: str) -> None:
+        """Wait out the grace; stop the request if its attempt is still here and unreachable."""
+        while True:  # bounded: ``check`` decides within the grace plus two bounce waits
+            now = time.monotonic()
+            outcome = self._grace.check(request_id, self._outbox.attempt(request_id), now)
+            if isinstance(outcome, float):
+                await asyncio.sleep(outcome - now)
+                continue
+            if outcome == "back":
+                log.info("formatter_back")
+            elif outcome == "gone":
+                try:
+                    await self._formatter_gone(request_id)
+                except Exception:  # a task's boundary: log once, the request is stopped anyway
+                    log.exception("formatter_gone_failed")
+            return
+
+    async def _formatter_gone(self, request_id: str) -> None:
+        """Nobody formats this request any more: stop it, free its slot, tell its gateway."""
         gateway = self._outbox.reply_to(request_id)
         emission = self.engine.cancel(request_id)
         self._outbox.close(request_id)
-        if emission is None and gateway is None:
-            return  # finished meanwhile, or already handled (one bounce per batch in flight)
-        with bound_contextvars(request_id=request_id, worker_id=self.worker_id):
-            log.warning("formatter_gone", subject=subject)
+        log.warning("formatter_gone", grace_s=FORMATTER_GRACE_S)
         if emission is not None:
             await self._phases([emission])
         if gateway is not None:
@@ -366,6 +418,7 @@ class MockWorker:
             await self._nc.publish(gateway, codec.encode(failure.to_message(request_id)))
         if not self.engine.has_work:
             self._idle.set()
+            await self.publisher.report_load(is_idle=True)
 
     async def _fail_all(self) -> None:
         failed = InternalError("the simulated engine failed")

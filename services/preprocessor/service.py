@@ -10,11 +10,16 @@ goes straight to its direct subject and ``Generate`` follows at once, no round t
 formatter bounces the open ("no responders"), which cancels the request and answers 503. With
 none known, or when a rediscovery is due, the queue-group request/reply handshake is used and
 its ``StreamOpened`` teaches the pool.
+
+Who holds a request (decision 018): a gateway's ``StreamResume`` reaches every preprocessor; one
+still preparing that request (its ``StreamOpen``/``Generate`` not yet sent) answers
+``StreamHeld``, the others stay silent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -23,6 +28,7 @@ from contextlib import AbstractAsyncContextManager
 import nats.errors
 import structlog
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from structlog.contextvars import bound_contextvars
 
@@ -47,8 +53,10 @@ from shared.messages import (
     FormatterLeaving,
     Preprocess,
     RequestFailed,
+    StreamHeld,
     StreamOpen,
     StreamOpened,
+    StreamResume,
 )
 from shared.metrics import ServiceMetrics
 from shared.registry import ModelFiles
@@ -100,6 +108,9 @@ class Preprocessor:
         self._tasks = TaskSet()
         self._sub: Subscription | None = None
         self._leaving_sub: Subscription | None = None
+        self._resume_sub: Subscription | None = None
+        self._preparing: set[str] = set()
+        """Requests in ``on_preprocess`` now: a ``StreamResume`` for one is answered."""
         self._bounces: Bounces[str] = Bounces(nc, subjects, self._on_no_router)
         self.formatters = FormatterPool()
         """Formatters that take a direct ``StreamOpen`` (decision 013)."""
@@ -120,6 +131,10 @@ class Preprocessor:
         await self._warmer.ready(WARM_BEFORE_SERVING_S)
         await self._bounces.start()
         await self._open_bounces.start()
+        # No queue group: the gateway asks every preprocessor, the one preparing it answers.
+        self._resume_sub = await self._nc.subscribe(
+            self._subjects.stream_resume, cb=self.on_stream_resume
+        )
         on = self._boundary.handler
         on_leaving = on(codec.decoder(FormatterLeaving), "formatter_leaving", self.on_leaving)
         self._leaving_sub = await self._nc.subscribe(
@@ -149,10 +164,35 @@ class Preprocessor:
         if self._leaving_sub is not None:
             await self._leaving_sub.unsubscribe()
             self._leaving_sub = None
+        if self._resume_sub is not None:
+            await self._resume_sub.unsubscribe()
+            self._resume_sub = None
         await self._assets.close()
 
     async def on_preprocess(self, req: Preprocess) -> None:
-        """Prepare, open a stream on a formatter, send ``Generate`` to the routers."""
+        """Prepare, open a stream on a formatter, send ``Generate`` to the routers; until then
+        (or a failure), a ``StreamResume`` for the request is answered here."""
+        self._preparing.add(req.request_id)
+        try:
+            await self._preprocess(req)
+        finally:
+            self._preparing.discard(req.request_id)
+
+    async def on_stream_resume(self, msg: Msg) -> None:
+        """Answer ``StreamHeld`` for a request being prepared here; say nothing otherwise."""
+        try:
+            resume = codec.decode(msg.data, StreamResume)
+        except codec.DecodeError as exc:
+            self.metrics.error("message_undecodable")
+            log.warning("message_undecodable", subject=msg.subject, error=str(exc))
+            return
+        if resume.request_id not in self._preparing or not msg.reply:
+            return
+        held = StreamHeld(request_id=resume.request_id, holder="preprocessor")
+        with contextlib.suppress(nats.errors.Error):  # the asker gave up: nothing to do
+            await msg.respond(codec.encode(held))
+
+    async def _preprocess(self, req: Preprocess) -> None:
         started = time.perf_counter()
         if req.deadline_ms and self._clock() * 1000 > req.deadline_ms:
             raise UpstreamTimeout("the request expired before it was preprocessed")

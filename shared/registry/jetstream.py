@@ -52,9 +52,12 @@ async def open_kv(
             bucket=bucket, history=1, ttl=ttl_s, storage=StorageType.FILE, replicas=replicas
         )
         try:
-            return await js.create_key_value(config=config)
+            kv = await js.create_key_value(config=config)
         except BadRequestError as exc:
             kv = await _open_after_failed_create(js.key_value, bucket, exc)
+        else:
+            await _wait_created(js, KV_STREAM_TEMPLATE.format(bucket=bucket), replicas)
+            return kv
     await ensure_replicas(js, KV_STREAM_TEMPLATE.format(bucket=bucket), replicas)
     return kv
 
@@ -67,11 +70,21 @@ async def open_object_store(js: JetStreamContext, name: str, *, replicas: int = 
         config = ObjectStoreConfig(bucket=name, storage=StorageType.FILE, replicas=replicas)
         try:
             # nats-py overwrites config.bucket with the ``bucket`` argument, so pass both.
-            return await js.create_object_store(name, config=config)
+            store = await js.create_object_store(name, config=config)
         except BadRequestError as exc:
             store = await _open_after_failed_create(js.object_store, name, exc)
+        else:
+            await _wait_created(js, OBJ_STREAM_TEMPLATE.format(bucket=name), replicas)
+            return store
     await ensure_replicas(js, OBJ_STREAM_TEMPLATE.format(bucket=name), replicas)
     return store
+
+
+async def _wait_created(js: JetStreamContext, stream: str, replicas: int) -> None:
+    """A stream just created at ``replicas`` > 1 has no leader for a moment, and a write then
+    gets "no responders" (a mocker's first model upload did, and it crashed at start-up)."""
+    if replicas > 1:
+        await wait_leader(js, stream)
 
 
 async def _open_after_failed_create(
@@ -98,6 +111,8 @@ async def ensure_replicas(js: JetStreamContext, stream: str, replicas: int) -> i
     info = await js.stream_info(stream)
     have = info.config.num_replicas or 1
     if have >= replicas:
+        if info.cluster is None or not info.cluster.leader:
+            await wait_leader(js, stream)  # another service created it a moment ago
         return have
     try:
         await js.update_stream(info.config.evolve(num_replicas=replicas))
@@ -113,6 +128,25 @@ async def ensure_replicas(js: JetStreamContext, stream: str, replicas: int) -> i
     log.info("jetstream_replicas_raised", stream=stream, replicas=replicas, was=have)
     await wait_replicated(js, stream, replicas)
     return replicas
+
+
+async def wait_leader(
+    js: JetStreamContext, stream: str, *, timeout_s: float = REPLICATE_TIMEOUT_S
+) -> bool:
+    """Wait until ``stream`` has a leader (it takes writes); False, and a warning, past
+    ``timeout_s``. Unlike ``wait_replicated`` it does not wait for every peer: a service
+    started while one node is down must not wait for it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            cluster = (await js.stream_info(stream)).cluster
+        except (APIError, nats.errors.TimeoutError):
+            cluster = None
+        if cluster is None or cluster.leader:  # no cluster info: a single server
+            return True
+        await asyncio.sleep(REPLICATE_POLL_S)
+    log.warning("jetstream_no_leader", stream=stream, waited_s=timeout_s)
+    return False
 
 
 async def wait_replicated(

@@ -41,6 +41,7 @@ log = structlog.get_logger(__name__)
 WATCH_CHECK_S = 1.0
 """How often the directory asks the server whether its watch still exists."""
 WATCH_CHECK_TIMEOUT_S = 1.0
+STOP_ATTEMPTS = 3
 MAX_BLIND_SPANS = 8
 
 
@@ -146,10 +147,18 @@ class WorkerDirectory:
         self._task = asyncio.create_task(self._guard(), name="worker-directory")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        task, self._task = self._task, None
+        if task is not None:
+            # Python 3.11's wait_for may swallow a cancel that lands as its inner call ends
+            # (the guard's consumer check): cancel until the task is done, bounded.
+            for _ in range(STOP_ATTEMPTS):
+                task.cancel()
+                await asyncio.wait({task}, timeout=WATCH_CHECK_S)
+                if task.done():
+                    break
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                if task.done():
+                    task.result()
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()

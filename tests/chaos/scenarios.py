@@ -30,6 +30,10 @@ NATS_PAUSE_S = 8.0
 BACK_TIMEOUT_S = 15.0
 """Longest wait for the launcher to start a killed process again."""
 MIGRATIONS_METRIC = "migrations_total"
+GATEWAY_CONNECTION = "gateway-"
+"""How the gateway names its NATS connection (``gateway-<id>``)."""
+CLUSTER = Shape(workers=2, routers=2, nats_nodes=3)
+"""The compose cluster test's shape, on a local 3-node cluster."""
 
 ZERO_FAILED = Target(Goal.ZERO_FAILED, "0 failed requests")
 INSIDE_ONLY = Target(
@@ -106,6 +110,23 @@ async def pause_nats(stack: UpStack) -> FaultResult:
     return FaultResult(at, back_at_s=time.monotonic())
 
 
+def stop_cluster_node(which: str) -> Fault:
+    """SIGTERM one node of the stack's local NATS cluster: the gateway's (``which="gateway"``)
+    or the busiest other one. Its clients move to the other two nodes."""
+
+    async def fault(stack: UpStack) -> FaultResult:
+        cluster = stack.cluster
+        assert cluster is not None, "a cluster scenario needs Shape(nats_nodes=3)"
+        gateway = GATEWAY_CONNECTION
+        find = cluster.node_with if which == "gateway" else cluster.node_without
+        node = await asyncio.to_thread(find, gateway)
+        at = time.monotonic()
+        await asyncio.to_thread(cluster.stop_node, node)
+        return FaultResult(at, note=f"stopped node {node.name} ({which})")
+
+    return fault
+
+
 @dataclass(frozen=True, slots=True)
 class Scenario:
     name: str
@@ -161,6 +182,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("sigterm-mocker-1-of-3", sigterm("mocker-0"), ZERO_FAILED, note=DRAIN_NOTE),
     Scenario("sigkill-nats-server", kill_nats, TYPED),
     Scenario("sigstop-nats-server-8s", pause_nats, TYPED),
+    Scenario(
+        "nats-cluster-gateway-node-stopped", stop_cluster_node("gateway"), ZERO_FAILED, CLUSTER
+    ),
+    Scenario("nats-cluster-other-node-stopped", stop_cluster_node("other"), ZERO_FAILED, CLUSTER),
     Scenario(
         "nats-cluster-node-loss",
         None,

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from services.cli.stack import free_port, port_accepts, port_is_free
+from tests.chaos.cluster import LocalCluster
 from tests.chaos.report import counter_increase, counter_samples, has_counter
 
 STOP_BOUND_S = 40.0
@@ -38,6 +39,8 @@ class Shape:
     routers: int = 1
     formatters: int = 1
     preprocessors: int = 1
+    nats_nodes: int = 1
+    """1: the launcher's private nats-server; 3: a ``cluster.LocalCluster`` the test starts."""
 
     def describe(self) -> str:
         counts = {
@@ -45,6 +48,7 @@ class Shape:
             "router": self.routers,
             "formatter": self.formatters,
             "preprocessor": self.preprocessors,
+            "NATS node": self.nats_nodes,
         }
         return ", ".join(f"{n} {name}{'s' if n > 1 else ''}" for name, n in counts.items())
 
@@ -52,8 +56,12 @@ class Shape:
 class UpStack:
     """One ``jetserve up`` launcher and the processes it runs, under ``workdir``."""
 
-    def __init__(self, workdir: Path, shape: Shape, model_dir: Path) -> None:
+    def __init__(
+        self, workdir: Path, shape: Shape, model_dir: Path, cluster: LocalCluster | None = None
+    ) -> None:
         self.workdir = workdir
+        self.cluster = cluster
+        """The NATS cluster the stack uses instead of a private nats-server (``--nats-url``)."""
         self.run_dir = workdir / "run"
         self.shape = shape
         self.model_dir = model_dir
@@ -80,7 +88,8 @@ class UpStack:
             "up",
             *("--run-dir", str(self.run_dir), "--namespace", self.namespace),
             *("--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)),
-            *("--nats-port", str(self.nats_port), "--model-path", str(self.model_dir)),
+            *self._nats_args(),
+            *("--model-path", str(self.model_dir)),
             *("--workers", str(s.workers), "--routers", str(s.routers)),
             *("--formatters", str(s.formatters), "--preprocessors", str(s.preprocessors)),
             *("--mocker-speedup-ratio", "1", "--mocker-seed", "1"),
@@ -88,6 +97,17 @@ class UpStack:
             *("--gateway-request-timeout-s", str(REQUEST_TIMEOUT_S)),
             *("--gateway-stream-idle-timeout-s", str(REQUEST_TIMEOUT_S)),
         ]
+
+    def _nats_args(self) -> tuple[str, ...]:
+        if self.cluster is None:
+            return ("--nats-port", str(self.nats_port))
+        return ("--nats-url", self.cluster.url)
+
+    def env(self) -> dict[str, str]:
+        """The launcher's environment: on a cluster, every stream and bucket at 3 replicas."""
+        if self.cluster is None:
+            return dict(os.environ)
+        return {**os.environ, "JETSERVE_JS_REPLICAS": str(self.cluster.size)}
 
     def start(self, ready_timeout_s: float = 60.0) -> float:
         """Start the launcher and wait until ``/health`` is 200; the seconds that took."""
@@ -98,7 +118,7 @@ class UpStack:
             (self.workdir / "launcher.err").open("wb") as err,
         ):
             self.launcher = subprocess.Popen(
-                self.command(), stdout=out, stderr=err, start_new_session=True
+                self.command(), stdout=out, stderr=err, start_new_session=True, env=self.env()
             )
         deadline = started + ready_timeout_s
         while time.monotonic() < deadline:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from services.cli.stack import nats_server_binary
+from tests.chaos.cluster import LocalCluster
 from tests.chaos.load import LoadConfig
 from tests.chaos.scenarios import SCENARIOS, Scenario, emit, external_line, run_scenario
 from tests.chaos.stack import UpStack
@@ -42,12 +43,19 @@ async def test_scenario_meets_its_target(
         return
     if nats_server_binary() is None:
         pytest.fail("nats-server not found; install the test extras")
-    stack = UpStack(tmp_path, scenario.shape, model_dir)
+    cluster = None
+    if scenario.shape.nats_nodes > 1:
+        cluster = LocalCluster(tmp_path / "nats", scenario.shape.nats_nodes)
+    stack = UpStack(tmp_path, scenario.shape, model_dir, cluster)
     try:
+        if cluster is not None:
+            cluster.start()
         stack.start()
         outcome = await run_scenario(scenario, stack, LoadConfig(base_url=stack.base_url))
     finally:
         stack.stop()
+        if cluster is not None:
+            cluster.stop()
     line = emit(outcome.line)
     assert outcome.is_met, (
         f"{scenario.name}: target not met ({scenario.target.text})\n{line}\n"

@@ -346,20 +346,11 @@ async def test_losing_a_node_the_gateway_is_not_on_fails_no_request(
     check_line(line)
 
 
-async def test_losing_the_gateways_node_fails_only_its_streams_in_flight_typed(
-    cluster: ClusterStack,
-) -> None:
-    """Not yet the issue's target (0 failed): the gateway fails every request in flight with a
-    typed, retryable 503 the moment its own connection drops (replies published while it
-    reconnects would be lost and nothing resumes a started stream); it is back on another node
-    within ~0.1 s. Checks that contract, so a regression (untyped, hung, slow) still fails."""
+async def test_losing_the_gateways_node_fails_no_request(cluster: ClusterStack) -> None:
+    """The gateway moves to another node (~0.1 s); chunks sent to it meanwhile are replayed
+    by their formatter when it asks (decision 018), so no stream fails."""
     rejoin_s = await asyncio.to_thread(restore_nodes, cluster)
     line = await node_loss(cluster, the_gateways)
     line = {"test": "nats-cluster-node-loss", "victim": "the-gateways", **line}
     print("\n" + json.dumps({**line, "rejoin_before_s": round(rejoin_s, 1)}))
-    failed = line.pop("failed")
-    assert set(failed) <= {"sse service_unavailable", "503 service_unavailable"}, failed
-    assert sum(failed.values()) <= line["failed_in_flight"]
-    assert line["recover_s"] is not None
-    assert line["recover_s"] < 2.0
-    check_line({**line, "failed": {}})
+    check_line(line)

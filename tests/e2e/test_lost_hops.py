@@ -1,5 +1,6 @@
-"""A formatter or a gateway that dies mid-stream (decision 017): the worker notices at its next
-batch (NATS bounces it), stops the request, and whoever is left tells the client at once."""
+"""A formatter or a gateway that dies mid-stream (decisions 017, 018): its hop notices at the
+next message (NATS bounces it), gives it a grace to come back (it may only be moving to another
+NATS node), then stops the request; whoever is left tells the client within seconds."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from services.cli.stack import Stack
+from services.formatter.recovery import GATEWAY_GRACE_S
 from tests.e2e.conftest import MODEL, running_stack
 
 BODY = {
@@ -59,7 +61,7 @@ async def _until_logged(stack: Stack, log: str, request_id: str, event: str) -> 
     raise AssertionError(f"{log} never logged {event} for {request_id}")
 
 
-async def test_a_dead_formatter_ends_the_stream_with_a_typed_error_at_once(
+async def test_a_dead_formatter_ends_the_stream_with_a_typed_error_within_seconds(
     hop_stack: Stack,
 ) -> None:
     async with (
@@ -79,11 +81,14 @@ async def test_a_dead_formatter_ends_the_stream_with_a_typed_error_at_once(
         ended_s = time.monotonic() - killed
     errors = [json.loads(x[6:]) for x in rest if x.startswith("data: {") and '"error"' in x]
     assert [e["error"]["code"] for e in errors] == ["formatter_lost"]
-    assert ended_s < 1.0, f"the stream ended {ended_s:.2f}s after the formatter died"
-    assert _logged(hop_stack, "mocker-0.log", request_id, "formatter_gone")
+    # The gateway's stall probe (2 s, then 1 s unanswered) or the worker's grace (3 s), first.
+    assert ended_s < 5.0, f"the stream ended {ended_s:.2f}s after the formatter died"
+    assert _logged(hop_stack, "mocker-0.log", request_id, "formatter_unreachable")
 
 
 async def test_a_dead_gateway_gets_its_requests_stopped_at_the_worker(hop_stack: Stack) -> None:
+    """The formatter gives a gateway whose chunks bounce ``GATEWAY_GRACE_S`` to come back and
+    ask for a replay (decision 018), then cancels the worker."""
     async with (
         httpx.AsyncClient(base_url=hop_stack.base_url, timeout=20) as http,
         http.stream("POST", "/v1/chat/completions", json=BODY) as resp,
@@ -97,4 +102,4 @@ async def test_a_dead_gateway_gets_its_requests_stopped_at_the_worker(hop_stack:
         os.kill(_pid(hop_stack, "gateway"), signal.SIGKILL)
     took_s = await _until_logged(hop_stack, "formatter.log", request_id, "gateway_gone")
     await _until_logged(hop_stack, "mocker-0.log", request_id, "request_cancelled")
-    assert took_s < 1.0
+    assert took_s < GATEWAY_GRACE_S + 2.0

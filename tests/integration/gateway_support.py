@@ -1,5 +1,6 @@
 """For the gateway's tests (HTTP and gRPC) on real NATS: the real app served by uvicorn in the
-test's event loop, and a stand-in for preprocessor + formatter."""
+test's event loop, and a stand-in for preprocessor + formatter (it numbers the chunks and answers
+``StreamResume`` for the requests it is serving, as the formatter does, decision 018)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from services.gateway.app import create_app
 from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
 from shared import codec
-from shared.messages import Preprocess
+from shared.messages import Preprocess, ResponseChunk, StreamHeld, StreamResume
 from shared.subjects import Subjects
 from tests.support import free_port
 
@@ -30,7 +31,12 @@ Script = Callable[[Preprocess, Send], Coroutine[Any, Any, None]]
 
 
 class FakeDownstream:
-    """Answers each ``Preprocess`` the gateway publishes by running ``script`` on it."""
+    """Answers each ``Preprocess`` the gateway publishes by running ``script`` on it.
+
+    ``ResponseChunk``s are numbered (``seq``) in the order sent; while a script runs, a
+    ``StreamResume`` for its request is answered ``StreamHeld`` (nothing to replay: no chunk
+    is lost on one server).
+    """
 
     def __init__(self, nc: Client, subjects: Subjects, script: Script) -> None:
         self._nc = nc
@@ -39,22 +45,38 @@ class FakeDownstream:
         self.seen: asyncio.Queue[Preprocess] = asyncio.Queue()
         self.release = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sent: dict[str, int] = {}
+        """Per request being served: how many chunks were sent."""
 
     async def start(self) -> None:
         await self._nc.subscribe(self._subjects.preprocess, queue="preprocessor", cb=self._on)
+        await self._nc.subscribe(self._subjects.stream_resume, cb=self._on_resume)
         await self._nc.flush()
 
     async def _on(self, msg: Msg) -> None:
         request = codec.decode(msg.data, Preprocess)
         self.seen.put_nowait(request)
+        rid = request.request_id
+        self._sent[rid] = 0
 
         async def send(message: msgspec.Struct) -> None:
+            if isinstance(message, ResponseChunk):
+                message = msgspec.structs.replace(message, seq=self._sent[rid])
+                self._sent[rid] += 1
             await self._nc.publish(request.reply_to, codec.encode(message))
             await self._nc.flush()
 
         task = asyncio.create_task(self.script(request, send))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._sent.pop(rid, None))
+
+    async def _on_resume(self, msg: Msg) -> None:
+        resume = codec.decode(msg.data, StreamResume)
+        sent = self._sent.get(resume.request_id)
+        if sent is not None:
+            held = StreamHeld(request_id=resume.request_id, holder="formatter", next_seq=sent)
+            await msg.respond(codec.encode(held))
 
     async def next_request(self) -> Preprocess:
         return await asyncio.wait_for(self.seen.get(), WAIT_S)
