@@ -5,7 +5,10 @@ A router probes the workers it has requests in flight on (``ping``, request/repl
 "no responders" within a millisecond of a worker's connection closing, so a crash is known at
 the next probe; a worker that stays silent (probes time out) for ``unresponsive_s`` is lost too.
 A lost worker is left out of routing until it heartbeats again after the loss (a restarted
-process with the same id); its card may stay in the registry for a TTL.
+process with the same id), or answers a probe again: a lost worker whose card is still live is
+probed too (``lost_due``), because on a NATS cluster "no responders" may only mean that it is
+moving to another node, while its heartbeats can take seconds to be written (the bucket's
+leader may have been on the node that went). Its card may stay in the registry for a TTL.
 """
 
 from __future__ import annotations
@@ -38,9 +41,18 @@ class Liveness:
             self._sent[worker_id] = now
         return due
 
-    def answered(self, worker_id: str) -> None:
+    def lost_due(self, workers: Iterable[str], now: float) -> list[str]:
+        """The lost ones of ``workers`` (live cards) to probe again now, marked as probed."""
+        due = [w for w in workers if w in self._lost and w not in self._sent]
+        for worker_id in due:
+            self._sent[worker_id] = now
+        return due
+
+    def answered(self, worker_id: str) -> bool:
+        """A probe was answered; True if the worker was lost (it is back: no longer lost)."""
         self._sent.pop(worker_id, None)
         self._silent_since.pop(worker_id, None)
+        return self._lost.pop(worker_id, None) is not None
 
     def timed_out(self, worker_id: str, now: float) -> bool:
         """A probe got no answer in time; True once the worker has been silent too long."""
@@ -54,10 +66,11 @@ class Liveness:
 
     def lose(self, worker_id: str, now: float) -> bool:
         """Declare the worker lost; False if it already was (by this replica or a peer)."""
-        self._sent.pop(worker_id, None)
         self._silent_since.pop(worker_id, None)
         if worker_id in self._lost:
+            self._sent.pop(worker_id, None)  # a probe of a lost worker, unanswered
             return False
+        self._sent.pop(worker_id, None)
         self._lost[worker_id] = now
         return True
 

@@ -323,10 +323,22 @@ class Router:
             if not self._nc.is_connected:
                 continue
             self._probe_due(self.core.load.workers())
+            self._probe_lost()
 
     def _probe_due(self, workers: Iterable[str]) -> None:
         """Probe each of ``workers`` that has no probe in flight (in a task of its own)."""
         for worker_id in self.liveness.due(workers, self._clock()):
+            self._tasks.spawn(self._probe(worker_id), name=f"probe-{worker_id}")
+
+    def _probe_lost(self) -> None:
+        """Probe the lost workers whose cards are still live: one that answers is back."""
+        cards = self._directory.view.cards
+        lost = self.liveness.lost
+        if not lost:
+            return
+        is_live = self._directory.is_live
+        candidates = [w for w in lost if (card := cards.get(w)) is not None and is_live(card)]
+        for worker_id in self.liveness.lost_due(candidates, self._clock()):
             self._tasks.spawn(self._probe(worker_id), name=f"probe-{worker_id}")
 
     def _just_reconnected(self) -> bool:
@@ -359,7 +371,8 @@ class Router:
             self.liveness.dropped(worker_id)
             log.debug("probe_not_sent", worker_id=worker_id, error=str(exc))
         else:
-            self.liveness.answered(worker_id)
+            if self.liveness.answered(worker_id):
+                self._back(worker_id, "answered")
 
     async def _lose(self, worker_id: str, reason: str) -> None:
         """Leave the worker out, free its load, and tell formatters which requests were on it."""
@@ -377,15 +390,18 @@ class Router:
         except nats.errors.Error as exc:
             log.warning("worker_lost_not_sent", worker_id=worker_id, error=str(exc))
 
+    def _back(self, worker_id: str, how: str) -> None:
+        log.info("worker_back", worker_id=worker_id, how=how)
+        if self.feed is not None:  # its blocks were dropped with it: learn them again
+            self.feed.request_dump(worker_id)
+
     # --- housekeeping --------------------------------------------------------------------------
     def _prune(self) -> None:
         """Drop the state of workers that left the registry (``WorkerTracker`` decides which)."""
         now = self._clock()
         cards = self._directory.view.cards
         for worker_id in self.liveness.revive(cards.values(), now):
-            log.info("worker_back", worker_id=worker_id)
-            if self.feed is not None:  # its blocks were dropped with it: learn them again
-                self.feed.request_dump(worker_id)
+            self._back(worker_id, "heartbeat")
         is_live = self._directory.is_live  # time the registry could not be watched is excused
         live = {w for w, c in cards.items() if is_live(c) and not self.liveness.is_lost(c)}
         for worker_id in self._workers.departed(self.core.known_workers(), live, now):

@@ -5,7 +5,6 @@ issue's target for its fault."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -72,7 +71,6 @@ def _run_external(scenario: Scenario, request: pytest.FixtureRequest) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", scenario.external, "-s", "-q", "-p", "no:cacheprovider"],
         cwd=ROOT,
-        env={**os.environ, "JETSERVE_CLUSTER_TESTS": "1"},
         capture_output=True,
         text=True,
         timeout=EXTERNAL_TIMEOUT_S,

@@ -36,14 +36,6 @@ from tests.support_containers import ROOT, compose_command, docker_unavailable_r
 pytestmark = [
     pytest.mark.compose,
     pytest.mark.timeout(420),
-    # Out of the default run (and CI) until its cases are stable on the 2-core VM: one clean
-    # clone run had 4 streams hang to the client timeout when a node the gateway is not on was
-    # stopped, and 2.4 s to recover when it was the gateway's node (issue 9 stays open for it).
-    # `make test-chaos` runs it (tests/chaos sets the variable).
-    pytest.mark.skipif(
-        os.environ.get("JETSERVE_CLUSTER_TESTS") != "1",
-        reason="the NATS cluster tests run under make test-chaos (JETSERVE_CLUSTER_TESTS=1)",
-    ),
 ]
 
 FILES = ("docker-compose.yml", "docker-compose.cluster.yml")
@@ -215,8 +207,13 @@ def restore_nodes(stack: ClusterStack, timeout_s: float = 60) -> float:
         if not stack.is_running(service):
             stack.docker("start", stack.container(service))
     deadline = t0 + timeout_s
+    streams: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        streams = stack.check(overlap=False)["streams"]
+        try:
+            streams = stack.check(overlap=False)["streams"]
+        except RuntimeError:  # a node rejoining: ask again
+            time.sleep(1)
+            continue
         if all(s["current_followers"] == 2 for s in streams.values()):
             return time.monotonic() - t0
         time.sleep(1)

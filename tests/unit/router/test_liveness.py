@@ -39,6 +39,20 @@ def test_an_answer_ends_the_silence() -> None:
     assert not live.timed_out("a", now=6)
 
 
+def test_a_lost_worker_that_answers_a_probe_again_is_back() -> None:
+    """On a NATS cluster "no responders" may only mean the worker is moving to another node."""
+    live = Liveness(unresponsive_s=5)
+    live.lose("a", now=0)
+    assert live.lost_due(["a", "b"], now=0.25) == ["a"]  # b is not lost: not probed here
+    assert live.lost_due(["a"], now=0.5) == []  # its probe is still out
+    assert not live.lose("a", now=0.6)  # unanswered again (no responders): still lost, once
+    assert live.lost_due(["a"], now=0.75) == ["a"]
+    assert live.answered("a")
+    assert not live.is_lost(_card("a", heartbeat_at=-1))
+    assert not live.answered("a")  # only the first answer brings it back
+    assert live.due(["a"], now=1) == ["a"]
+
+
 def test_a_lost_worker_is_not_probed_and_is_lost_once() -> None:
     live = Liveness(unresponsive_s=5)
     assert live.lose("a", now=3)
