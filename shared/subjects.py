@@ -65,6 +65,18 @@ class Subjects:
         """The one wildcard subscription of a formatter instance."""
         return f"{self._p}.stream.{formatter_id}.*"
 
+    def formatter_of(self, stream_subject: str) -> str | None:
+        """The formatter id in a ``stream(formatter_id, request_id)`` subject (else ``None``)."""
+        head = f"{self._p}.stream."
+        if not stream_subject.startswith(head):
+            return None
+        formatter_id, _, request_id = stream_subject[len(head) :].partition(".")
+        return formatter_id if formatter_id and request_id else None
+
+    def formatter_ping(self, formatter_id: str) -> str:
+        """Worker -> one formatter, request/reply: are you there? ("no responders" = gone)."""
+        return f"{self._p}.formatter.{formatter_id}.ping"
+
     @property
     def route(self) -> str:
         """Preprocessor -> routers (queue group ``router``): unrouted ``Generate``."""

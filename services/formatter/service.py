@@ -174,6 +174,9 @@ class FormatterService:
             await nc.subscribe(subjects.stream_all(formatter_id), cb=self._on_stream_msg)
         )
         self._subs.append(await nc.subscribe(subjects.cancel, cb=self._on_cancel_msg))
+        # Workers whose batches bounced ask whether we are there (decision 018): until the end.
+        ping = subjects.formatter_ping(formatter_id)
+        self._subs.append(await nc.subscribe(ping, cb=_pong))
         self._subs.append(await nc.subscribe(subjects.worker_lost, cb=self._on_lost_msg))
         await self._unreachable.start()
         await self._recovery.start()
@@ -562,6 +565,12 @@ class FormatterService:
             elif state.awaits_stall_check(now, STALL_CHECK_S):
                 recovery.ping(state)
         recovery.finished.prune(now)
+
+
+async def _pong(msg: Msg) -> None:
+    """A worker's question "are you there?": answering at all is the answer."""
+    with contextlib.suppress(Exception):
+        await msg.respond(b"")
 
 
 def _gateway(request: StreamOpen) -> str:

@@ -138,6 +138,11 @@ class Probe:
     def __init__(self, now: float) -> None:
         self.asking = 0
         """The token of the probe in flight; 0 = none."""
+        self.restart(now)
+
+    def restart(self, now: float) -> None:
+        """A new request, or a resubmission: nobody has answered for this attempt yet
+        (``asking`` stays: a probe in flight for the old attempt is still one in flight)."""
         self.asked_seq = -1
         self.asked_at = float("-inf")
         self.quiet_since = now
@@ -150,16 +155,6 @@ class Probe:
         """A formatter answered for it once: its stream was set up."""
         self.is_over = False
         """An end was put in the inbox (done, an error): ask nothing more."""
-
-    def restart(self, now: float) -> None:
-        """A resubmission: nobody has answered for the new attempt yet (``asking`` stays)."""
-        self.asked_seq = -1
-        self.asked_at = float("-inf")
-        self.quiet_since = now
-        self.seen_seq = 0
-        self.unanswered = 0
-        self.has_formatter = False
-        self.is_over = False
 
     def may_ask_hole(self, next_seq: int, now: float) -> bool:
         """Whether a hole at ``next_seq`` is worth a probe now (none in flight, not just asked)."""

@@ -9,8 +9,8 @@ Liveness (decisions 017, 018): ``ping`` answers routers' empty probes until the 
 drain, and a formatter's ``WorkerPing`` with whether this worker holds that attempt of the
 request. Token batches go out with a bounce subject: a bounce starts a grace
 (``grace.FORMATTER_GRACE_S``) during which the request keeps generating, since its formatter
-may be moving to another NATS node; if the attempt is still here and still bouncing when the
-grace ends, the request is cancelled and its gateway told (``FormatterLost``).
+may be moving to another NATS node; then the formatter is pinged, and if it does not answer the
+request is cancelled (if still here) and its gateway told (``FormatterLost``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import time
 
+import nats.errors
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -27,7 +28,7 @@ from structlog.contextvars import bound_contextvars
 
 from services.mocker.config import MockerConfig
 from services.mocker.engine import Emission, Engine, EngineConfig, EngineError
-from services.mocker.grace import FORMATTER_GRACE_S, FormatterGrace
+from services.mocker.grace import FORMATTER_GRACE_S, FormatterGrace, Grace
 from services.mocker.metrics import MockerMetrics
 from services.mocker.model import ModelInfo
 from services.mocker.outbox import Outbox
@@ -55,6 +56,9 @@ from shared.subjects import Subjects
 from shared.tasks import TaskSet
 
 log = structlog.get_logger(__name__)
+
+FORMATTER_PING_TIMEOUT_S = 0.5
+"""At the end of a grace: a formatter that does not answer within this is gone (or hung)."""
 
 
 def engine_config(config: MockerConfig, model: ModelInfo) -> EngineConfig:
@@ -267,6 +271,8 @@ class MockWorker:
     async def on_cancel(self, cancel: Cancel) -> None:
         if cancel.worker_id is not None and cancel.worker_id != self.worker_id:
             return  # another worker's attempt of a migrated request
+        if self._grace:
+            self._grace.forget(cancel.request_id)  # someone is there to cancel it
         emission = self.engine.cancel(cancel.request_id)
         if emission is None:
             # Not ours (cancel is a broadcast), finished, or still on its way to us.
@@ -344,8 +350,6 @@ class MockWorker:
             stream_to, batch = taken
             reply = self._unreachable.reply_for(request_id)
             await self._nc.publish(stream_to, codec.encode(batch), reply=reply)
-            if self._grace:  # a bounce is being waited out: whether this one bounces tells
-                self._grace.sent(request_id, time.monotonic())
             if batch.finish_reason is not None:
                 log.debug(
                     "request_finished",
@@ -380,42 +384,62 @@ class MockWorker:
     async def _on_bounce(self, request_id: str, subject: str) -> None:
         """A batch bounced: its formatter is gone or moving; keep generating for a grace."""
         attempt = self._outbox.attempt(request_id)
-        if attempt is None:
+        formatter_id = self._subjects.formatter_of(subject)
+        if attempt is None or formatter_id is None:
             return  # finished or stopped meanwhile (one bounce per batch in flight)
-        if not self._grace.bounced(request_id, attempt, time.monotonic()):
+        gateway = self._outbox.reply_to(request_id)
+        now = time.monotonic()
+        if not self._grace.bounced(
+            request_id, attempt, now, formatter_id=formatter_id, gateway=gateway
+        ):
             return  # its grace is already running
         with bound_contextvars(request_id=request_id, worker_id=self.worker_id):
             log.info("formatter_unreachable", subject=subject, grace_s=FORMATTER_GRACE_S)
             self._grace_tasks.spawn(self._await_grace(request_id), name=f"grace-{request_id}")
 
     async def _await_grace(self, request_id: str) -> None:
-        """Wait out the grace; stop the request if its attempt is still here and unreachable."""
-        while True:  # bounded: ``check`` decides within the grace plus two bounce waits
+        """Wait out the grace, then ask the formatter whether it is there; if not, stop the
+        request (if still here) and tell its gateway (even if it finished meanwhile: its last
+        batch bounced too)."""
+        while True:  # bounded: one sleep to the end of the grace
             now = time.monotonic()
-            outcome = self._grace.check(request_id, self._outbox.attempt(request_id), now)
-            if isinstance(outcome, float):
-                await asyncio.sleep(outcome - now)
+            grace = self._grace.due(request_id, now)
+            if grace is None:
+                return  # cancelled meanwhile
+            if isinstance(grace, float):
+                await asyncio.sleep(grace - now)
                 continue
-            if outcome == "back":
-                log.info("formatter_back")
-            elif outcome == "gone":
-                try:
-                    await self._formatter_gone(request_id)
-                except Exception:  # a task's boundary: log once, the request is stopped anyway
-                    log.exception("formatter_gone_failed")
-            return
+            break
+        try:
+            if await self._formatter_answers(grace.formatter_id):
+                log.info("formatter_back", formatter_id=grace.formatter_id)
+                return
+            await self._formatter_gone(grace)
+        except Exception:  # a task's boundary: log once
+            log.exception("formatter_gone_failed")
 
-    async def _formatter_gone(self, request_id: str) -> None:
+    async def _formatter_answers(self, formatter_id: str) -> bool:
+        """Ping the formatter: False on "no responders" or silence (gone, or hung)."""
+        subject = self._subjects.formatter_ping(formatter_id)
+        try:
+            await self._nc.request(subject, b"", timeout=FORMATTER_PING_TIMEOUT_S)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            return False
+        return True
+
+    async def _formatter_gone(self, grace: Grace) -> None:
         """Nobody formats this request any more: stop it, free its slot, tell its gateway."""
-        gateway = self._outbox.reply_to(request_id)
-        emission = self.engine.cancel(request_id)
-        self._outbox.close(request_id)
-        log.warning("formatter_gone", grace_s=FORMATTER_GRACE_S)
+        request_id = grace.request_id
+        emission = None
+        if self._outbox.attempt(request_id) == grace.attempt:
+            emission = self.engine.cancel(request_id)
+            self._outbox.close(request_id)
+        log.warning("formatter_gone", formatter_id=grace.formatter_id, stopped=bool(emission))
         if emission is not None:
             await self._phases([emission])
-        if gateway is not None:
+        if grace.gateway is not None:
             failure = FormatterLost("the formatter of this request stopped")
-            await self._nc.publish(gateway, codec.encode(failure.to_message(request_id)))
+            await self._nc.publish(grace.gateway, codec.encode(failure.to_message(request_id)))
         if not self.engine.has_work:
             self._idle.set()
             await self.publisher.report_load(is_idle=True)

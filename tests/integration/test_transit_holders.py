@@ -5,6 +5,7 @@ for a request it is still preparing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, MutableMapping
@@ -53,14 +54,20 @@ NOT_ANSWERED_S = 0.3
 def _generate(request_id: str, stream_to: str, **fields: Any) -> Generate:
     """A long request for worker ``w`` (still running seconds later at speedup 1)."""
     return Generate(
-        request_id=request_id,
-        model=MODEL,
-        token_ids=PROMPT,
-        sampling=SamplingParams(max_tokens=5000, ignore_eos=True),
-        stream_to=stream_to,
-        worker_id=WORKER,
-        **fields,
+        **{
+            "request_id": request_id,
+            "model": MODEL,
+            "token_ids": PROMPT,
+            "sampling": SamplingParams(max_tokens=5000, ignore_eos=True),
+            "stream_to": stream_to,
+            "worker_id": WORKER,
+            **fields,
+        }
     )
+
+
+async def _answer(msg: Msg) -> None:
+    await msg.respond(b"")
 
 
 async def _send(nc: Client, subjects: Subjects, gen: Generate) -> None:
@@ -164,6 +171,21 @@ class TestWorkerPing:
         assert not await _is_held(nc, subjects, uuid.uuid4().hex)
 
 
+@contextlib.asynccontextmanager
+async def _bouncing(
+    nc: Client, subjects: Subjects
+) -> AsyncIterator[tuple[str, str, list[MutableMapping[str, Any]]]]:
+    """A request whose stream subject nobody listens on, once its first batch has bounced:
+    its id, its stream subject, and the log lines captured meanwhile."""
+    request_id = uuid.uuid4().hex
+    stream_to = subjects.stream("f1", request_id)
+    gen = _generate(request_id, stream_to, reply_to=subjects.reply(GATEWAY, request_id))
+    with capture_logs(processors=[merge_contextvars]) as logs:
+        await _send(nc, subjects, gen)
+        await _until_logged(logs, "formatter_unreachable", request_id)
+        yield request_id, stream_to, logs
+
+
 @pytest.mark.usefixtures("slow_worker")
 class TestBounceGrace:
     async def test_formatter_lost_reaches_the_gateway_only_after_the_grace(
@@ -189,24 +211,15 @@ class TestBounceGrace:
     async def test_a_request_is_still_held_during_its_grace(
         self, nc: Client, subjects: Subjects, gateway: Subscription
     ) -> None:
-        request_id = uuid.uuid4().hex
-        nobody = subjects.stream("gone", request_id)
-        gen = _generate(request_id, nobody, reply_to=subjects.reply(GATEWAY, request_id))
-        with capture_logs(processors=[merge_contextvars]) as logs:
-            await _send(nc, subjects, gen)
-            await _until_logged(logs, "formatter_unreachable", request_id)
+        async with _bouncing(nc, subjects) as (request_id, _, _):
             assert await _is_held(nc, subjects, request_id)
 
     async def test_a_formatter_that_comes_back_keeps_the_request(
         self, nc: Client, subjects: Subjects, gateway: Subscription
     ) -> None:
-        request_id = uuid.uuid4().hex
-        stream_to = subjects.stream("f1", request_id)
-        gen = _generate(request_id, stream_to, reply_to=subjects.reply(GATEWAY, request_id))
-        with capture_logs(processors=[merge_contextvars]) as logs:
-            await _send(nc, subjects, gen)
-            await _until_logged(logs, "formatter_unreachable", request_id)
+        async with _bouncing(nc, subjects) as (request_id, stream_to, logs):
             back = await nc.subscribe(stream_to)  # the formatter, on its new NATS node
+            pong = await nc.subscribe(subjects.formatter_ping("f1"), cb=_answer)
             await nc.flush()
             first = codec.decode((await back.next_msg(timeout=5)).data, TokenBatch)
             with pytest.raises(nats.errors.TimeoutError):
@@ -215,16 +228,28 @@ class TestBounceGrace:
             await _until_logged(logs, "formatter_back", request_id)
         assert first.index > 0  # it kept generating while the formatter was away
         await back.unsubscribe()
+        await pong.unsubscribe()
+
+    async def test_a_request_that_finished_in_its_grace_still_has_its_gateway_told(
+        self, nc: Client, subjects: Subjects, gateway: Subscription
+    ) -> None:
+        """Its last batch bounced too: only the worker can tell the gateway."""
+        request_id = uuid.uuid4().hex
+        stream_to = subjects.stream("gone", request_id)
+        short = SamplingParams(max_tokens=8, ignore_eos=True)
+        reply_to = subjects.reply(GATEWAY, request_id)
+        await _send(
+            nc, subjects, _generate(request_id, stream_to, reply_to=reply_to, sampling=short)
+        )
+        msg = await gateway.next_msg(timeout=AFTER_GRACE_S + 3)
+        failed = codec.decode(msg.data, RequestFailed)
+        assert (failed.request_id, failed.code) == (request_id, "formatter_lost")
 
     async def test_a_formatter_that_migrates_the_request_gets_no_formatter_lost(
         self, nc: Client, subjects: Subjects, gateway: Subscription
     ) -> None:
-        request_id = uuid.uuid4().hex
-        stream_to = subjects.stream("f1", request_id)
-        gen = _generate(request_id, stream_to, reply_to=subjects.reply(GATEWAY, request_id))
-        with capture_logs(processors=[merge_contextvars]) as logs:
-            await _send(nc, subjects, gen)
-            await _until_logged(logs, "formatter_unreachable", request_id)
+        async with _bouncing(nc, subjects) as (request_id, stream_to, _):
+            pass
         back = await nc.subscribe(stream_to)
         cancel = Cancel(request_id=request_id, reason="migrated", worker_id=WORKER)
         await nc.publish(subjects.cancel, codec.encode(cancel))
