@@ -164,9 +164,7 @@ class Router:
         await self._bounces.start()
         self._tasks.spawn(self._sweep_loop(), name="router-sweeper")
         self._tasks.spawn(self._probe_loop(), name="router-prober")
-        self._subs.append(
-            await self._nc.subscribe(subjects.route_status, queue=QUEUE_GROUP, cb=self._on_query)
-        )
+        self._tasks.spawn(self._answer_queries_later(), name="router-route-status")
         on_route = on(codec.decoder(Generate), "route", self.on_route, reply_to=_stream_to)
         self._route_sub = await self._nc.subscribe(subjects.route, queue=QUEUE_GROUP, cb=on_route)
         await barrier(self._nc)  # the server knows the subscriptions before we say "started"
@@ -303,13 +301,22 @@ class Router:
             self.core.remove_worker(lost.worker_id)
             log.info("worker_lost_by_peer", worker_id=lost.worker_id, by=lost.router_id)
 
+    async def _answer_queries_later(self) -> None:
+        """Join the ``RouteQuery`` queue group once this router has seen every decision of the
+        requests still waiting for a token: a younger one would call a request routed before it
+        started unknown (lost). Queries meanwhile go to older replicas, if any (a young one that
+        took its turn and stayed silent made a CI run's request wait for the gateway timeout)."""
+        await asyncio.sleep(max(0.0, self._started_at + KNOWS_ALL_AFTER_S - time.monotonic()))
+        sub = await self._nc.subscribe(
+            self._subjects.route_status, queue=QUEUE_GROUP, cb=self._on_query
+        )
+        self._subs.append(sub)
+
     async def _on_query(self, msg: Msg) -> None:
         """Which worker has a request (every replica follows every decision, so any answers)."""
         try:
             query = codec.decode(msg.data, RouteQuery)
             worker_id = self.core.load.worker_of(query.request_id)
-            if worker_id is None and time.monotonic() - self._started_at < KNOWS_ALL_AFTER_S:
-                return  # new here: a request routed before we started is unknown, not lost
             status = RouteStatus(request_id=query.request_id, worker_id=worker_id)
             await msg.respond(codec.encode(status))
         except (codec.DecodeError, nats.errors.Error) as exc:

@@ -17,7 +17,8 @@ def _bounce(grace: FormatterGrace, now: float, attempt: int = 0) -> bool:
 def test_one_grace_per_request_however_many_batches_bounce() -> None:
     grace = FormatterGrace(GRACE_S)
     assert [_bounce(grace, t) for t in (0.0, 0.1, 0.2)] == [True, False, False]
-    assert len(grace) == 1 and RID in grace
+    assert len(grace) == 1
+    assert RID in grace
 
 
 def test_before_the_grace_ends_it_says_when_it_does() -> None:
