@@ -38,6 +38,7 @@ from shared.messages import (
 from shared.model_dir import DEFAULT_MODEL_NAME
 from shared.registry import publish_model
 from shared.subjects import Subjects
+from tests.integration.formatter_support import running_formatter
 
 MODEL = DEFAULT_MODEL_NAME
 GATEWAY = "gw1"
@@ -67,14 +68,8 @@ async def formatter(
     config = FormatterConfig(
         nats_url=nats_url, namespace=subjects.namespace, formatter_id=FORMATTER
     )
-    client = await nats.connect(nats_url)
-    service = build_service(config, client)
-    await service.start()
-    try:
+    async with running_formatter(config) as service:
         yield service
-    finally:
-        await service.stop()
-        await client.drain()
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from nats.aio.subscription import Subscription
 from services.formatter.config import FormatterConfig
 from services.formatter.detokenizer import load_tokenizer
 from services.formatter.recovery import GATEWAY_GRACE_S, STALL_CHECK_S
-from services.formatter.service import FormatterService, build_service
+from services.formatter.service import FormatterService
 from shared import codec
 from shared.messages import (
     Cancel,
@@ -47,6 +47,7 @@ from shared.messages import (
 from shared.model_dir import DEFAULT_MODEL_NAME
 from shared.registry import publish_model
 from shared.subjects import Subjects
+from tests.integration.formatter_support import running_formatter
 
 MODEL = DEFAULT_MODEL_NAME
 FORMATTER = "f1"
@@ -79,14 +80,8 @@ async def formatter(
         idle_timeout_s=30.0,
         shutdown_grace_s=1.0,
     )
-    client = await nats.connect(nats_url)
-    service = build_service(config, client)
-    await service.start()
-    try:
+    async with running_formatter(config) as service:
         yield service
-    finally:
-        await service.stop()
-        await client.drain()
 
 
 async def subscribe(nc: Client, subject: str, **kwargs: Any) -> Subscription:

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from shared.messages import Generate, OutputOptions, StreamOpen
+from shared.messages import Generate, OutputOptions, SamplingParams, StreamOpen
+
+GEN = Generate(
+    request_id="r",
+    model="m",
+    token_ids=(1, 2),
+    sampling=SamplingParams(max_tokens=50),
+    stream_to="",
+)
+"""Request ``r``'s unrouted ``Generate``: a 2-token prompt, up to 50 tokens."""
 
 
 def migratable_open(

@@ -9,17 +9,9 @@ import pytest
 from services.formatter.detokenizer import load_tokenizer
 from services.formatter.replay import ChunkHistory, FinishedStreams
 from services.formatter.request import RequestFormatter
-from shared.messages import Generate, SamplingParams, TokenBatch
+from shared.messages import Generate, TokenBatch
 from shared.model_dir import ensure_default_model_dir
-from tests.unit.migration_support import migratable_open
-
-GEN = Generate(
-    request_id="r",
-    model="m",
-    token_ids=(1, 2),
-    sampling=SamplingParams(max_tokens=50),
-    stream_to="",
-)
+from tests.unit.migration_support import GEN, migratable_open
 
 
 @pytest.fixture(scope="module")

@@ -5,16 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from services.formatter.request import RequestFormatter
-from shared.messages import Generate, SamplingParams, TokenBatch
-from tests.unit.migration_support import migratable_open
-
-GEN = Generate(
-    request_id="r",
-    model="m",
-    token_ids=(1, 2),
-    sampling=SamplingParams(max_tokens=50),
-    stream_to="",
-)
+from shared.messages import Generate, TokenBatch
+from tests.unit.migration_support import GEN, migratable_open
 
 
 def _state(tokenizer: Any, generate: Generate | None = GEN) -> RequestFormatter:
