@@ -18,6 +18,9 @@ class ModelInfo:
     corpus: tuple[int, ...]
     eos_token_ids: tuple[int, ...]
     context_length: int
+    created: int
+    """The model's ``created`` time (its files' newest mtime): the same for every worker that
+    serves this directory, so they all publish the same card."""
 
 
 def load_model_info(config: MockerConfig) -> ModelInfo:
@@ -28,4 +31,11 @@ def load_model_info(config: MockerConfig) -> ModelInfo:
         corpus=corpus_token_ids(model_dir),
         eos_token_ids=eos_token_ids(model_dir),
         context_length=config.context_length or context_length(model_dir),
+        created=model_created(model_dir),
     )
+
+
+def model_created(model_dir: Path) -> int:
+    """The newest mtime of the directory's files, in whole seconds."""
+    times = [p.stat().st_mtime for p in model_dir.iterdir() if p.is_file()]
+    return int(max(times, default=model_dir.stat().st_mtime))

@@ -9,7 +9,6 @@ once per process before any worker publishes to it. ``python -m services.mocker`
 from __future__ import annotations
 
 import asyncio
-import time
 
 from nats.aio.client import Client
 
@@ -57,7 +56,7 @@ class Mocker:
             model=self.config.model_name,
             context_length=model.context_length,
             eos_token_ids=model.eos_token_ids,
-            created=int(time.time()),
+            created=model.created,
         )
         replicas = self.config.js_replicas
         await publish_model(js, self._subjects, card, model.model_dir, replicas=replicas)

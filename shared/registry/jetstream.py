@@ -26,8 +26,11 @@ from nats.js.object_store import OBJ_STREAM_TEMPLATE, ObjectStore
 
 log = structlog.get_logger(__name__)
 
-FETCH_TIMEOUT_S = 10.0
-FETCH_ATTEMPTS = 3
+FETCH_BASE_S = 2.0
+"""A read's timeout before its size is counted: a small object (a card) comes in one chunk."""
+FETCH_MIN_BYTES_PER_S = 2 * 1024 * 1024
+"""The slowest read rate still believed (a 11 MB tokenizer gets 2 + 5.5 s)."""
+FETCH_ATTEMPTS = 4
 
 REPLICATE_TIMEOUT_S = 10.0
 REPLICATE_POLL_S = 0.1
@@ -176,10 +179,17 @@ async def wait_replicated(
 
 
 async def read_object(store: ObjectStore, name: str) -> bytes | None:
-    """An object's bytes (``None`` if there is none), each attempt bounded by a timeout."""
+    """An object's bytes (``None`` if there is none), each attempt bounded by a timeout.
+
+    The timeout grows with the object's size: a 158-byte card read while another worker
+    re-uploaded it used to wait 10 s for chunks that were gone, and the requests waiting for
+    that model's card timed out behind it.
+    """
     for attempt in range(1, FETCH_ATTEMPTS + 1):
         try:
-            result = await asyncio.wait_for(store.get(name), FETCH_TIMEOUT_S)
+            info = await asyncio.wait_for(store.get_info(name), FETCH_BASE_S)
+            timeout_s = fetch_timeout_s(info.size or 0)
+            result = await asyncio.wait_for(store.get(name), timeout_s)
         except (ObjectNotFoundError, NotFoundError):
             return None
         except TimeoutError:
@@ -189,6 +199,11 @@ async def read_object(store: ObjectStore, name: str) -> bytes | None:
             continue
         return result.data or b""
     raise TimeoutError(f"could not read {name} from the model registry")
+
+
+def fetch_timeout_s(size: int) -> float:
+    """How long one read of a ``size``-byte object may take."""
+    return FETCH_BASE_S + size / FETCH_MIN_BYTES_PER_S
 
 
 async def object_digest(store: ObjectStore, name: str) -> str | None:

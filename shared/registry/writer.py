@@ -24,7 +24,7 @@ from nats.js.object_store import ObjectStore
 
 from shared import codec
 from shared.messages import ModelCard, WorkerCard
-from shared.registry.jetstream import content_digest, object_digest, open_kv
+from shared.registry.jetstream import content_digest, object_digest, open_kv, read_object
 from shared.registry.layout import (
     CARD,
     DEFAULT_WORKER_TTL_S,
@@ -65,9 +65,7 @@ async def publish_model(
         data = path.read_bytes()
         await _put_if_changed(store, leases, object_name(card.model, file), data, lease_s)
     stored = msgspec.structs.replace(card, files=tuple(names))
-    await _put_if_changed(
-        store, leases, object_name(card.model, CARD), codec.encode(stored), lease_s
-    )
+    await _put_card(store, leases, stored, lease_s)
 
 
 async def publish_model_card(
@@ -81,10 +79,26 @@ async def publish_model_card(
     """Upload the card of a model that has no files (a tensor model), if it changed."""
     store = await models_store(js, subjects, replicas=replicas)
     leases = await open_kv(js, subjects.model_uploads_bucket, lease_s, replicas=replicas)
-    stored = msgspec.structs.replace(card, files=())
-    await _put_if_changed(
-        store, leases, object_name(card.model, CARD), codec.encode(stored), lease_s
-    )
+    await _put_card(store, leases, msgspec.structs.replace(card, files=()), lease_s)
+
+
+async def _put_card(store: ObjectStore, leases: KeyValue, card: ModelCard, lease_s: float) -> None:
+    """Upload ``card`` unless the stored one differs only in ``created``.
+
+    Each worker stamps its start time on the card: had every worker uploaded its own, each
+    upload would purge the chunks of the card a preprocessor was reading (it then waited for
+    them until its read timed out, and the requests behind it with it).
+    """
+    name = object_name(card.model, CARD)
+    current = await read_object(store, name)
+    if current:
+        try:
+            stored = codec.decode(current, ModelCard)
+        except msgspec.DecodeError:  # written by another version: replace it
+            stored = None
+        if stored is not None and msgspec.structs.replace(card, created=stored.created) == stored:
+            return
+    await _put_if_changed(store, leases, name, codec.encode(card), lease_s)
 
 
 async def _put_if_changed(

@@ -6,6 +6,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import msgspec
 import structlog
 from nats.aio.client import Client
 
@@ -77,3 +78,22 @@ async def test_a_lease_whose_uploader_died_is_waited_out(
     assert ("model_upload_lease_expired", "m/orphan/config.json") in events
     assert ("model_file_uploaded", "m/orphan/config.json") in events
     assert await ModelFiles(nc.jetstream(), subjects).get("m/orphan", "config.json") == data
+
+
+async def test_a_card_that_differs_only_in_created_is_not_uploaded_again(
+    nc: Client, subjects: Subjects, tmp_path: Path
+) -> None:
+    """Workers started a second apart used to re-upload the card (CI: a read then hung 10 s)."""
+    model_dir = _tiny_model(tmp_path)
+    first = ModelCard(model="m/stamped", context_length=64, created=1000)
+    await publish_model(nc.jetstream(), subjects, first, model_dir)
+    with structlog.testing.capture_logs() as logs:
+        later = msgspec.structs.replace(first, created=2000)
+        await publish_model(nc.jetstream(), subjects, later, model_dir)
+        changed = msgspec.structs.replace(first, created=3000, context_length=128)
+        await publish_model(nc.jetstream(), subjects, changed, model_dir)
+    uploaded = [e["name"] for e in logs if e["event"] == "model_file_uploaded"]
+    assert uploaded == ["m/stamped/card"]  # the changed card only
+    card = await ModelFiles(nc.jetstream(), subjects).card("m/stamped")
+    assert card is not None
+    assert (card.created, card.context_length) == (3000, 128)
