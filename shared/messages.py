@@ -13,8 +13,10 @@ import msgspec
 
 Api = Literal["chat", "completion"]
 FinishReason = Literal["stop", "length", "cancelled", "error"]
-OutputFormat = Literal["openai", "text", "kserve"]
-ModelKind = Literal["llm", "tensor"]
+OutputFormat = Literal["openai", "text", "kserve", "anthropic", "responses"]
+"""``openai``: chat / completions objects. ``anthropic``: Messages API objects and events.
+``responses``: OpenAI Responses API objects and events. ``text`` / ``kserve``: gRPC."""
+ModelKind = Literal["llm", "tensor", "embedding"]
 MigrationKind = Literal["new_request", "ongoing"]
 
 
@@ -22,6 +24,44 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Base for every request-path message; ``request_id`` travels in the body."""
 
     request_id: str
+
+
+class Guided(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the output must look like: vLLM's structured outputs (guided decoding) and the
+    request's tools, as an engine needs them (decision 019).
+
+    A real engine constrains sampling with ``json_schema`` / ``json_object``, and with the
+    tool-call schema when ``tool_choice`` is ``required`` or a function name. The mocker, which
+    samples nothing, writes output that satisfies them in the model's own syntax
+    (``tool_syntax``), so the formatter's parsers see what a real model would produce.
+    """
+
+    json_schema: dict[str, Any] | None = None
+    """``response_format: {"type": "json_schema"}``: the output is one JSON document valid
+    against this schema."""
+    json_object: bool = False
+    """``response_format: {"type": "json_object"}``: the output is one JSON object."""
+    tools: tuple[dict[str, Any], ...] = ()
+    """The request's function definitions (``{"name", "description", "parameters"}``)."""
+    tool_choice: str = "auto"
+    """``auto``, ``required``, or the name of the function that must be called (``none``
+    sends no tools)."""
+    parallel_tool_calls: bool = True
+    tool_syntax: str = ""
+    """The model's tool-call syntax, named as its tool parser (``hermes``, ``llama3_json``,
+    ``mistral``, ``qwen3_coder``)."""
+    tool_turn: bool = True
+    """Whether the conversation ends with the user (not a tool result): a simulated model
+    answering ``auto`` calls a tool only then. Real engines ignore it."""
+    thinking: bool = False
+    """The model writes a reasoning block before its answer (thinking enabled)."""
+    thinking_opened: bool = False
+    """The prompt already opened the reasoning block (the template wrote ``<think>``): the
+    output starts inside it."""
+    reasoning_syntax: str = ""
+    """The model's reasoning syntax, named as its reasoning parser (``qwen3``, ``deepseek_r1``)."""
+    max_thinking_tokens: int | None = None
+    """``nvext.max_thinking_tokens``: at most this many tokens inside the reasoning block."""
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -38,6 +78,17 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     """Token ids that end generation, the model's EOS ids included unless ``ignore_eos``."""
+    n: int = 1
+    """Independent sequences for this prompt; each ``TokenBatch`` names its ``choice``."""
+    logprobs: int | None = None
+    """Return the sampled token's log-probability and this many alternatives (``None``: no
+    log-probabilities at all)."""
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    greedy: bool = False
+    """``nvext.greed_sampling``: always the most likely token (temperature 0)."""
+    guided: Guided | None = None
 
 
 class KServeOutput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -63,6 +114,18 @@ class OutputOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     n: int = 1
     extra_fields: tuple[str, ...] = ()
     """``nvext.extra_fields``: e.g. ``("worker_id",)`` adds ``nvext.worker_id`` to the response."""
+    logprobs: int | None = None
+    """Return log-probabilities (``None``: no) with this many ``top_logprobs`` per token."""
+    tool_parser: str = ""
+    """The tool parser for the model's output (empty: no tool calls are parsed)."""
+    reasoning_parser: str = ""
+    """The reasoning parser (empty: reasoning text stays content)."""
+    reasoning_open: bool = False
+    """The prompt already opened the reasoning block (a template that writes ``<think>``
+    itself): the output starts inside it."""
+    annotations: tuple[str, ...] = ()
+    """``nvext.annotations`` to answer as SSE ``event:`` frames (``request_id``,
+    ``formatted_prompt``, ``token_ids``)."""
     format: OutputFormat = "openai"
     """``openai``: SSE frames or a JSON body. ``text``: plain UTF-8 text deltas, the finish
     reason and token counts on the last chunk (gRPC ``ModelInfer``). ``kserve``: gRPC-framed
@@ -94,6 +157,8 @@ class Preprocess(Message, frozen=True):
     prompt: str | None = None
     prompt_token_ids: tuple[int, ...] | None = None
     tools: tuple[dict[str, Any], ...] | None = None
+    """OpenAI ``tools`` as the chat template gets them (``None`` with ``tool_choice="none"``);
+    what the engine must do with them is ``sampling.guided``."""
     chat_template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -176,6 +241,19 @@ class TokenBatch(Message, frozen=True):
     last id of ``token_ids`` (counted in usage, never shown as text)."""
     attempt: int = 0
     """``Generate.attempt`` of the request this batch belongs to."""
+    choice: int = 0
+    """Which of the request's ``n`` sequences these tokens belong to (``index`` counts each
+    sequence on its own)."""
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """With ``SamplingParams.logprobs``: one per id of ``token_ids``."""
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """The sampled token's log-probability and the most likely alternatives ``(id, logprob)``,
+    most likely first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 class RequestFailed(Message, frozen=True):
@@ -356,6 +434,12 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     files: tuple[str, ...] = ()
     """Names of the model files stored beside the card (``tokenizer.json``, ...)."""
     created: int = 0
+    tool_parser: str = ""
+    """The model's tool-call syntax, named as the formatter's tool parser (``hermes``,
+    ``llama3_json``, ``mistral``, ``qwen3_coder``; empty: tool calls are not parsed)."""
+    reasoning_parser: str = ""
+    """The model's reasoning syntax, named as the formatter's reasoning parser (``qwen3``,
+    ``deepseek_r1``; empty: reasoning stays content)."""
     kind: ModelKind = "llm"
     """``llm``: text in, tokens out (preprocessor, router, formatter). ``tensor``: KServe v2
     tensors straight to a worker (``TensorInfer``); ``tensor_spec`` describes them."""

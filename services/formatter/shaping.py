@@ -1,0 +1,79 @@
+"""The shaper contract: one request's pieces in, its protocol's bytes out (decision 019). Pure.
+
+A shaper exists per output format (``OutputOptions.format``): OpenAI chat and completions,
+Anthropic Messages, the Responses API, gRPC text and KServe. ``RequestFormatter`` feeds it:
+
+- streaming: ``opening`` once (before any delta, even an empty one), ``delta`` per batch with
+  new pieces for one choice, ``choice_end`` when a choice finishes, ``closing`` once after
+  every choice ended;
+- not streaming: ``body`` once with every choice whole.
+
+``usage`` on ``delta`` / ``choice_end`` is given only with ``continuous_usage``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from services.formatter.pieces import ChoiceEnd, ChoiceResult, Piece, TokenLogprobs
+
+
+class PromptTokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int = 0
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+    """OpenAI ``usage``, always with ``prompt_tokens_details.cached_tokens``."""
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+    )
+
+
+class Nvext(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Response extension asked for with ``nvext.extra_fields`` (``worker_id``: who served;
+    ``timing``: time to first token and between tokens)."""
+
+    worker_id: str | UnsetType = UNSET
+    timing: dict[str, float] | UnsetType = UNSET
+
+
+class Shaper(Protocol):
+    """Bytes for one request's response in one protocol."""
+
+    def opening(self, usage: Usage | None = None) -> bytes:
+        """Streaming: the frames before the first token (OpenAI chat: each choice's role
+        chunk; Anthropic: ``message_start``; Responses: ``response.created``…)."""
+
+    def delta(
+        self,
+        choice: int,
+        pieces: Sequence[Piece],
+        logprobs: Sequence[TokenLogprobs] = (),
+        usage: Usage | None = None,
+    ) -> bytes:
+        """Streaming: the frames for new pieces of one choice (``b""`` when there are none)."""
+
+    def choice_end(self, choice: int, end: ChoiceEnd, usage: Usage | None = None) -> bytes:
+        """Streaming: the frames that end one choice (its ``finish_reason``)."""
+
+    def closing(self, usage: Usage, nvext: Nvext | None = None) -> bytes:
+        """Streaming, after every choice ended: usage, ``[DONE]`` / ``message_stop``…"""
+
+    def body(
+        self, choices: Sequence[ChoiceResult], usage: Usage, nvext: Nvext | None = None
+    ) -> bytes:
+        """Not streaming: the whole response body."""
