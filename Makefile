@@ -95,5 +95,9 @@ bench-routing: $(STAMP) ## router benchmark: decision latency + events/s (a), sh
 config-doc: $(STAMP) ## regenerate docs/configuration.md and .env from the settings tables
 	$(PY) -m tools.config_doc --write
 
+.PHONY: asyncapi
+asyncapi: $(STAMP) ## regenerate docs/asyncapi.json (the bus: subjects, publishers, subscribers, schemas)
+	$(PY) -m shared.asyncapi > docs/asyncapi.json.tmp && mv docs/asyncapi.json.tmp docs/asyncapi.json
+
 clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -123,6 +123,9 @@ class OutputOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     reasoning_open: bool = False
     """The prompt already opened the reasoning block (a template that writes ``<think>``
     itself): the output starts inside it."""
+    response_fields: dict[str, Any] | None = None
+    """``format="responses"``: the request parameters the ``response`` object repeats
+    (``instructions``, ``tools``, ``temperature``…)."""
     annotations: tuple[str, ...] = ()
     """``nvext.annotations`` to answer as SSE ``event:`` frames (``request_id``,
     ``formatted_prompt``, ``token_ids``)."""
@@ -143,6 +146,9 @@ class RoutingHints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     cache_salt: str | None = None
     """``cache_salt`` or ``x-tenant-id``: changes the block-hash seed, so tenants never share."""
     lora_name: str | None = None
+    allowed_worker_ids: tuple[str, ...] | None = None
+    """``nvext.allowed_worker_ids``: only these workers are candidates (``None``: any live
+    worker). None of them live is the same error as no live worker at all."""
 
 
 class Preprocess(Message, frozen=True):
@@ -171,6 +177,9 @@ class Preprocess(Message, frozen=True):
     routing: RoutingHints | None = None
     worker_id: str | None = None
     """Pin a worker (``nvext.backend_instance_id`` or the ``x-worker-instance-id`` header)."""
+    use_raw_prompt: bool = False
+    """``nvext.use_raw_prompt``: tokenize without the chat template. Chat: the messages' text
+    contents joined with newlines, as they are; completions: the prompt (never templated)."""
 
 
 class StreamOpen(Message, frozen=True):
@@ -185,6 +194,12 @@ class StreamOpen(Message, frozen=True):
     max_tokens: int
     prompt_text: str = ""
     """Only for ``echo``."""
+    annotations: tuple[tuple[str, str], ...] = ()
+    """``(name, JSON text)`` per ``output.annotations`` entry, in order: what the client asked
+    to see of its request (``request_id``, ``formatted_prompt``, ``token_ids``)."""
+    tools: tuple[dict[str, Any], ...] = ()
+    """The function definitions, when ``output.tool_parser`` is set: a parser may need their
+    parameter schemas to type what it reads (``qwen3_coder``)."""
     generate: Generate | None = None
     """The request as the routers get it, kept by the formatter to migrate it (decision 017);
     ``None`` = no migration."""
@@ -580,3 +595,69 @@ class RouteDecision(Message, frozen=True):
     block_hashes: tuple[int, ...] = ()
     """Sequence hashes of the prompt's full blocks (kv modes), so peers can account the same
     shared-prefix load and, without KV events, the same assumed cache."""
+
+
+# --- embeddings (issue 10: /v1/embeddings) -----------------------------------------------------
+
+
+class Embed(Message, frozen=True):
+    """Gateway -> preprocessors (queue group, request/reply on ``subjects.embed``): inputs to
+    embed. Exactly one of ``texts`` / ``token_ids`` is non-empty; the answer (``EmbedResult``
+    or ``RequestFailed``) goes to ``reply_to``."""
+
+    model: str
+    reply_to: str
+    texts: tuple[str, ...] = ()
+    token_ids: tuple[tuple[int, ...], ...] = ()
+    """Pre-tokenized inputs, checked against the vocabulary by the preprocessor."""
+    dimensions: int | None = None
+    """Truncate each vector to this many dimensions, then renormalize (Matryoshka)."""
+    deadline_ms: int = 0
+    """Unix milliseconds after which nobody waits for the answer (0 = none)."""
+
+
+class EmbedTokens(Message, frozen=True):
+    """Preprocessor -> routers (queue group) -> one worker: tokenized inputs, one tuple each."""
+
+    model: str
+    reply_to: str
+    token_ids: tuple[tuple[int, ...], ...]
+    dimensions: int | None = None
+    worker_id: str | None = None
+    """Set by the router."""
+    deadline_ms: int = 0
+
+
+class EmbedResult(Message, frozen=True):
+    """Embedding worker -> gateway: one vector per input, in input order."""
+
+    model: str
+    dimensions: int
+    """Floats per vector."""
+    vectors: bytes
+    """Every vector's little-endian float32 values, one after the other (``count *
+    dimensions * 4`` bytes): OpenAI's ``base64`` form needs exactly these bytes."""
+    prompt_tokens: int
+    worker_id: str = ""
+
+    @property
+    def count(self) -> int:
+        """How many vectors ``vectors`` holds."""
+        return len(self.vectors) // (4 * self.dimensions) if self.dimensions else 0
+
+
+# --- token counting (issue 10: /v1/messages/count_tokens) --------------------------------------
+
+
+class CountTokens(Message, frozen=True):
+    """Gateway -> preprocessors (queue group, request/reply on ``subjects.count_tokens``): how
+    many prompt tokens ``request`` makes, rendered and tokenized exactly as for generation.
+    Answered with ``TokenCount`` or ``RequestFailed``."""
+
+    request: Preprocess
+
+
+class TokenCount(Message, frozen=True):
+    """Preprocessor -> gateway: the answer to ``CountTokens``."""
+
+    input_tokens: int

@@ -15,3 +15,10 @@ DONE = PREFIX + b"[DONE]" + END
 def frame(payload: bytes) -> bytes:
     """One ``data:`` event carrying ``payload`` (a JSON document)."""
     return PREFIX + payload + END
+
+
+def annotation(name: str, payload: str) -> bytes:
+    """An out-of-band ``event:`` frame with ``payload`` (one JSON line) as a comment, as Dynamo
+    answers ``nvext.annotations``: SSE clients that do not look for it never see it (an event
+    with no ``data`` is not dispatched)."""
+    return b"event: " + name.encode() + b"\n: " + payload.encode() + END

@@ -199,6 +199,28 @@ class Subjects:
         """KV bucket of upload leases: one worker uploads a given file content, others wait."""
         return f"{self.namespace}_model_uploads"
 
+    # --- embeddings (issue 10) ----------------------------------------------------------------
+    @property
+    def embed(self) -> str:
+        """Gateway -> preprocessors (queue group ``preprocessor``), request/reply: ``Embed``."""
+        return f"{self._p}.preprocess.embed"
+
+    @property
+    def embed_route(self) -> str:
+        """Preprocessor -> routers (queue group ``router``): unrouted ``EmbedTokens``."""
+        return f"{self._p}.router.embed"
+
+    def embed_worker(self, worker_id: str) -> str:
+        """Router -> one embedding worker: ``EmbedTokens``; it answers ``EmbedResult``."""
+        return f"{self._p}.worker.{worker_id}.embed"
+
+    # --- token counting (issue 10) ------------------------------------------------------------
+    @property
+    def count_tokens(self) -> str:
+        """Gateway -> preprocessors (queue group ``preprocessor``), request/reply:
+        ``CountTokens``, answered ``TokenCount``."""
+        return f"{self._p}.preprocess.count_tokens"
+
 
 def request_id_of(subject: str) -> str:
     """The last token of a per-request subject (``stream`` / ``reply``)."""

@@ -61,6 +61,8 @@ def _up(plan: UpPlan) -> int:
             formatters=up.formatters,
             preprocessors=up.preprocessors,
             tensor_workers=up.tensor_workers,
+            embedders=up.embedders,
+            embedding_model_name=up.embedding_model_name,
             model_path=str(model_path),
             model_name=up.model_name,
             log_level=str(plan.common["log_level"]),
@@ -80,6 +82,8 @@ def _up(plan: UpPlan) -> int:
         print(f"jetserve up: {exc}\nlogs kept in {stack.run_dir}", file=sys.stderr)
         return 1
     tensors = f", tensor model echo on {up.tensor_workers} workers" if up.tensor_workers else ""
+    if up.embedders:
+        tensors += f", embedding model {up.embedding_model_name} on {up.embedders} workers"
     stages = {"preprocessor": up.preprocessors, "router": up.routers, "formatter": up.formatters}
     replicas = "".join(f", {n} {name}s" for name, n in stages.items() if n > 1)
     print(

@@ -25,11 +25,12 @@ from typing import Any, ClassVar
 from shared.config import CommonConfig, Setting, Settings, setting, settings_of
 from shared.model_dir import DEFAULT_MODEL_NAME
 
-SERVICES = ("gateway", "preprocessor", "router", "formatter", "mocker")
+SERVICES = ("gateway", "preprocessor", "router", "formatter", "mocker", "embedder")
 """Every service ``jetserve up`` runs, in request-path order."""
 LAUNCHER_OWNED: dict[str, frozenset[str]] = {
     "gateway": frozenset({"http_host", "http_port", "grpc_port"}),
     "mocker": frozenset({"model_path", "model_name"}),
+    "embedder": frozenset({"model_name"}),
 }
 """Service settings that ``jetserve up`` sets from its own flags (not passed through)."""
 UP_COMMON = ("namespace", "log_level", "log_format")
@@ -68,6 +69,15 @@ class UpConfig:
         "Echo tensor worker processes (python -m services.echo_tensor): a KServe v2 tensor "
         "model named `echo` that returns its inputs",
         ge=0,
+    )
+    embedders: int = setting(
+        1,
+        "Mock embedding worker processes (python -m services.embedder) serving "
+        "`embedding_model_name` on /v1/embeddings (0 = none)",
+        ge=0,
+    )
+    embedding_model_name: str = setting(
+        "Qwen/Qwen3-Embedding-0.6B", "Served name of the mock embedding model"
     )
     model_path: Path | None = setting(
         None, "Local model directory (unset = the bundled Qwen3 tokenizer in the user cache)"

@@ -140,6 +140,11 @@ class StackConfig:
     """Processes of each stage; one keeps the plain name (``router``), more are ``router-<i>``."""
     tensor_workers: int = 0
     """Echo tensor workers (``services.echo_tensor``), each serving the tensor model ``echo``."""
+    embedders: int = 0
+    """Mock embedding workers (``services.embedder``, ``embedder-<i>``); ``jetserve up`` asks
+    for one by default."""
+    embedding_model_name: str | None = None
+    """``None`` = the embedder's default (``Qwen/Qwen3-Embedding-0.6B``)."""
     router_mode: str | None = None
     """``None`` = the router's own default (its flag or env var)."""
     model_path: str | None = None
@@ -218,6 +223,10 @@ class Stack:
             plan += self._replicas(service, count, args, numbered=count > 1)
         plan += self._replicas("mocker", cfg.workers, mocker_args, numbered=True)
         plan += self._replicas("echo_tensor", cfg.tensor_workers, [], numbered=True)
+        embedder_args = (
+            ["--model-name", cfg.embedding_model_name] if cfg.embedding_model_name else []
+        )
+        plan += self._replicas("embedder", cfg.embedders, embedder_args, numbered=True)
         gateway_args = ["--http-host", cfg.http_host, "--http-port", str(self.http_port)]
         plan += self._replicas("gateway", 1, [*gateway_args, "--grpc-port", str(self.grpc_port)])
         return plan
@@ -352,6 +361,7 @@ _RANK = {
     "formatter": 1,
     "mocker": 2,
     "echo_tensor": 2,
+    "embedder": 2,
     "nats": 3,
 }
 

@@ -1,16 +1,22 @@
-"""Incremental detokenization and stop strings for one request. Pure: no I/O, no clock.
+"""Incremental detokenization and stop strings for one sequence; token texts for
+log-probabilities. Pure: no I/O, no clock.
 
 Text never leaks a stop string, nor a tail that may still grow into one: the longest suffix that
 is a prefix of any stop string is held back until it either completes (stop) or cannot anymore.
+``TokenTexts`` turns ``TokenBatch.logprobs`` (ids) into ``TokenLogprobs`` (text and UTF-8 bytes).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
+
+from services.formatter.pieces import TokenLogprobs, TopLogprob
+from shared.messages import TokenLogprob
 
 
 def load_tokenizer(tokenizer_json: bytes) -> Any:
@@ -36,6 +42,7 @@ class Detokenizer:
         "_stream",
         "_tokenizer",
         "completion_tokens",
+        "stop_string",
         "stopped",
     )
 
@@ -61,6 +68,8 @@ class Detokenizer:
         self.completion_tokens = 0
         self.stopped = False
         """True once a stop string matched; the request is then finished."""
+        self.stop_string: str | None = None
+        """The stop string that matched, once one did."""
 
     def push(self, token_ids: Sequence[int], *, stop_token_id: int | None = None) -> str:
         """Feed the next ids; return the text that may be shown now (possibly ``""``).
@@ -112,6 +121,7 @@ class Detokenizer:
         hit, end = self._find_stop(text)
         if hit >= 0:
             self.stopped = True
+            self.stop_string = text[hit:end]
             self._pending = ""
             cut = end if self._include_stop else hit
             return text[len(context) : max(cut, len(context))]
@@ -144,3 +154,85 @@ class Detokenizer:
         """The request finished without a stop-string hit: release the held-back text."""
         pending, self._pending = self._pending, ""
         return "" if self.stopped else pending
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the character that stands for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+_BYTE_DECODER = _byte_decoder()
+
+
+class TokenTexts:
+    """A token's text and UTF-8 bytes, as OpenAI's ``logprobs`` objects show them (cached per id).
+
+    Byte-level BPE vocabularies (GPT-2, Llama 3, Qwen) give a token's exact bytes, also for a
+    token that holds part of a multi-byte character (its text then shows U+FFFD); other
+    vocabularies give the text of the token decoded alone, and its UTF-8 encoding.
+    """
+
+    __slots__ = ("_added", "_byte_level", "_cache", "_tokenizer")
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, tuple[str, tuple[int, ...]]] = {}
+        self._byte_level = type(getattr(tokenizer, "decoder", None)).__name__ == "ByteLevel"
+        added = getattr(tokenizer, "get_added_tokens_decoder", None)
+        self._added: dict[int, Any] = added() if callable(added) else {}
+
+    def get(self, token_id: int) -> tuple[str, tuple[int, ...]]:
+        cached = self._cache.get(token_id)
+        if cached is None:
+            cached = self._cache[token_id] = self._lookup(token_id)
+        return cached
+
+    def _lookup(self, token_id: int) -> tuple[str, tuple[int, ...]]:
+        added = self._added.get(token_id)
+        if added is not None:
+            text = str(getattr(added, "content", added))
+            return text, tuple(text.encode())
+        piece = self._tokenizer.id_to_token(token_id) if self._byte_level else None
+        if piece is not None and all(c in _BYTE_DECODER for c in piece):
+            raw = bytes(_BYTE_DECODER[c] for c in piece)
+            return raw.decode("utf-8", errors="replace"), tuple(raw)
+        text = self._tokenizer.decode([token_id], skip_special_tokens=False) or ""
+        return text, tuple(text.encode())
+
+    def logprobs(
+        self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob], top: int
+    ) -> list[TokenLogprobs]:
+        """``logprobs[i]`` of ``token_ids[i]`` as text, with at most ``top`` alternatives."""
+        out = []
+        for token_id, lp in zip(token_ids, logprobs, strict=False):
+            text, raw = self.get(token_id)
+            alternatives = tuple(self._top(alt_id, logprob) for alt_id, logprob in lp.top[:top])
+            out.append(TokenLogprobs(text, lp.logprob, raw, alternatives))
+        return out
+
+    def _top(self, token_id: int, logprob: float) -> TopLogprob:
+        text, raw = self.get(token_id)
+        return TopLogprob(text, logprob, raw)
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, TokenTexts] = weakref.WeakKeyDictionary()
+
+
+def token_texts(tokenizer: Any) -> TokenTexts:
+    """The ``TokenTexts`` of ``tokenizer``, shared by every request that uses it (its cache is
+    bounded by the vocabulary)."""
+    try:
+        texts = _SHARED.get(tokenizer)
+        if texts is None:
+            texts = _SHARED[tokenizer] = TokenTexts(tokenizer)
+    except TypeError:  # not weakly referenceable
+        return TokenTexts(tokenizer)
+    return texts

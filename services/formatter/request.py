@@ -1,74 +1,197 @@
 """One request's formatting state: token batches in, response bytes out. Pure: ``now`` is passed.
 
-Streaming requests yield SSE frames per batch (nothing for a batch that adds no visible text,
-except the first); non-streaming ones yield one JSON body when the request finishes. With
-``output.format == "text"`` the same happens with bare UTF-8 text instead (no frame for an
-empty first batch; the finish adds no bytes).
+Per choice (``output.n`` of them, ``TokenBatch.choice``): a detokenizer (stop strings), then the
+reasoning parser (``output.reasoning_parser``) and the tool parser (``output.tool_parser``),
+whose pieces go to the shaper of ``output.format`` (``shapers``). Streaming requests yield the
+shaper's frames per batch (``opening`` with the first batch, nothing for a batch that adds no
+piece); non-streaming ones yield one body once every choice has finished. The request is
+finished when every choice is; its ``finish_reason`` is the first choice's.
+
+Loss detection and migration (decisions 017, 018) count positions per choice; only a request
+with ``n == 1`` migrates (``StreamOpen.generate`` is ``None`` otherwise).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from services.formatter.chunks import Nvext, Shaper, Usage, shaper_for, usage
-from services.formatter.detokenizer import Detokenizer
+from msgspec import UNSET
+
+from services.formatter.detokenizer import Detokenizer, token_texts
+from services.formatter.pieces import (
+    ChoiceEnd,
+    ChoiceResult,
+    Collected,
+    Content,
+    Piece,
+    Reasoning,
+    ReasoningParser,
+    TextPiece,
+    TokenLogprobs,
+    ToolCall,
+    ToolCallArgs,
+    ToolCallStart,
+    ToolParser,
+)
 from services.formatter.replay import ChunkHistory
-from shared.errors import InternalError, ServiceUnavailable
-from shared.messages import StreamOpen, TokenBatch
+from services.formatter.shapers import shaper_for
+from services.formatter.shaping import Nvext, Shaper, Usage, usage
+from shared import sse
+from shared.errors import InternalError, ServiceError, ServiceUnavailable
+from shared.messages import OutputOptions, StreamOpen, TokenBatch
+
+_PARSED_FORMATS = frozenset({"openai", "anthropic", "responses"})
+_SSE_FORMATS = _PARSED_FORMATS
+"""Formats whose streams are SSE (``text`` and ``kserve`` are gRPC's)."""
+"""Formats with a place for reasoning and tool calls (chat only); gRPC text gets the raw text."""
+
+
+class _Choice:
+    """One choice's state: its detokenizer and parsers, and what it has produced so far."""
+
+    __slots__ = (
+        "detok",
+        "end",
+        "has_tool_calls",
+        "logprobs",
+        "next_index",
+        "pieces",
+        "plain",
+        "reasoning",
+        "tools",
+    )
+
+    def __init__(
+        self,
+        detok: Detokenizer,
+        reasoning: ReasoningParser | None,
+        tools: ToolParser | None,
+        *,
+        keep_logprobs: bool,
+    ) -> None:
+        self.detok = detok
+        self.reasoning = reasoning
+        self.tools = tools
+        self.plain = reasoning is None and tools is None
+        """No parser: every text is content."""
+        self.next_index = 0
+        """The position the next batch of this choice should start at."""
+        self.end: ChoiceEnd | None = None
+        self.has_tool_calls = False
+        self.pieces: list[Piece] = []
+        """Not streaming: every piece so far."""
+        self.logprobs: list[TokenLogprobs] | None = [] if keep_logprobs else None
+        """Not streaming, with log-probabilities asked for: every token's so far."""
+
+    def parse(self, text: str, final: bool) -> list[Piece]:
+        """The pieces of the new ``text`` (``final``: the choice ends, flush the parsers)."""
+        reasoning, tools = self.reasoning, self.tools
+        texts: list[TextPiece]
+        if reasoning is None:
+            texts = [Content(text)] if text else []
+        else:
+            texts = reasoning.push(text) if text else []
+            if final:
+                texts += reasoning.flush()
+        if tools is None:
+            return tidy(texts)
+        pieces: list[Piece] = []
+        for piece in texts:
+            if isinstance(piece, Content):
+                if piece.text:
+                    pieces += tools.push(piece.text)
+            else:
+                pieces.append(piece)
+        if final:
+            pieces += tools.flush()
+        pieces = tidy(pieces)
+        if not self.has_tool_calls:
+            self.has_tool_calls = any(isinstance(p, ToolCallStart) for p in pieces)
+        return pieces
 
 
 class RequestFormatter:
     """Formats one request. ``on_batch`` returns the bytes to send (``b""`` = nothing yet)."""
 
     __slots__ = (
+        "_choices",
         "_continuous",
-        "_detok",
         "_echo_worker",
         "_is_stream",
-        "_parts",
+        "_open_choices",
+        "_preamble",
         "_shaper",
         "_started",
+        "_text_delta",
+        "_texts",
+        "_timing",
+        "_top",
         "cached_tokens",
         "finish_reason",
+        "first_token_at",
         "gateway_away_since",
         "generated",
         "history",
         "index_base",
         "is_pinging",
         "last_seen",
+        "last_token_at",
         "lost_workers",
         "migrations",
-        "next_index",
         "open",
         "pinged_at",
         "route_checked",
         "started_at",
+        "token_batches",
         "worker_id",
     )
 
     def __init__(self, open_: StreamOpen, tokenizer: Any, *, now: float) -> None:
         self.open = open_
         out = open_.output
-        self._detok = Detokenizer(
-            tokenizer,
-            stop=out.stop,
-            include_stop_str_in_output=out.include_stop_str_in_output,
-            skip_special_tokens=out.skip_special_tokens,
-        )
         self._shaper: Shaper = shaper_for(open_)
         self._is_stream = out.stream
-        self._parts: list[str] = []
-        """Non-streaming: the text so far."""
+        sse_stream = out.stream and out.format in _SSE_FORMATS
+        self._preamble = (
+            b"".join(sse.annotation(name, payload) for name, payload in open_.annotations)
+            if sse_stream
+            else b""
+        )
+        """``nvext.annotations`` frames, sent before the first chunk of an SSE stream."""
+        self._texts = token_texts(tokenizer) if out.logprobs is not None else None
+        """Token ids → text, only when log-probabilities are asked for."""
+        self._top = max(0, out.logprobs or 0)
+        parsed = open_.api == "chat" and out.format in _PARSED_FORMATS
+        self._choices = [
+            _Choice(
+                Detokenizer(
+                    tokenizer,
+                    stop=out.stop,
+                    include_stop_str_in_output=out.include_stop_str_in_output,
+                    skip_special_tokens=out.skip_special_tokens,
+                ),
+                reasoning_parser_for(out) if parsed else None,
+                tool_parser_for(open_) if parsed else None,
+                keep_logprobs=self._texts is not None and not out.stream,
+            )
+            for _ in range(max(1, out.n))
+        ]
+        self._open_choices = len(self._choices)
         self._started = False
         # Text output carries no usage per chunk: never compute it per batch.
         self._continuous = out.include_usage and out.continuous_usage and out.format == "openai"
+        fast = out.stream and not self._continuous and self._texts is None
+        self._text_delta: Callable[[int, str], bytes] | None = (
+            getattr(self._shaper, "text_delta", None) if fast else None
+        )
+        """The shaper's ``TextDeltas`` fast path, when plain text needs no more than that."""
         self._echo_worker = "worker_id" in out.extra_fields
+        self._timing = "timing" in out.extra_fields
         self.worker_id = ""
         """The worker that produced the tokens (``TokenBatch.worker_id``)."""
         self.cached_tokens = 0
-        self.next_index = 0
-        """Index the next batch should start at; a different one means a lost or repeated batch."""
         self.generated: list[int] | None = [] if open_.generate is not None else None
         """Every token id so far, kept only when the request may migrate (decision 017)."""
         self.index_base = 0
@@ -91,45 +214,107 @@ class RequestFormatter:
         """When the last ``WorkerPing`` about this request was sent."""
         self.started_at = now
         self.last_seen = now
+        self.first_token_at: float | None = None
+        """When the first batch with tokens came (``nvext.timing.ttft_ms``; kept only when
+        ``timing`` is asked for, as the two below)."""
+        self.last_token_at = now
+        self.token_batches = 0
+        """Batches with tokens so far (``nvext.timing.itl_ms`` is the mean time between them)."""
+
+    @property
+    def next_index(self) -> int:
+        """Index the next batch (of the first choice) should start at; a different one means a
+        lost or repeated batch."""
+        return self._choices[0].next_index
+
+    def expected_index(self, batch: TokenBatch) -> int:
+        """Where ``batch`` should start (``position``) to be the next one of its choice; a batch
+        of an unknown choice is never out of turn (``on_batch`` drops it)."""
+        if 0 <= batch.choice < len(self._choices):
+            return self._choices[batch.choice].next_index
+        return self.position(batch)
 
     @property
     def completion_tokens(self) -> int:
-        return self._detok.completion_tokens
+        return sum(c.detok.completion_tokens for c in self._choices)
 
     @property
     def stopped_by_string(self) -> bool:
-        """True when a stop string ended the request (the worker must be told to stop)."""
-        return self._detok.stopped
+        """True when a stop string ended a choice (the worker must be told to stop)."""
+        return any(c.detok.stopped for c in self._choices)
 
     def on_batch(self, batch: TokenBatch, now: float) -> bytes:
         """Apply one batch; return the bytes to send now (``b""`` when there is nothing).
 
         Raises:
             ServiceError: a non-streaming request that the worker ended with ``error`` or
-                ``cancelled``: there is no valid OpenAI body for it.
+                ``cancelled``: there is no valid body for it.
         """
         self.last_seen = now
-        self.next_index = self.index_base + batch.index + len(batch.token_ids)
+        index = batch.choice
+        if not 0 <= index < len(self._choices):
+            return b""  # not one of this request's choices
+        choice = self._choices[index]
+        ids = batch.token_ids
+        choice.next_index = self.index_base + batch.index + len(ids)
         if batch.cached_tokens and not self.migrations:
             self.cached_tokens = batch.cached_tokens
         if self.generated is not None:
-            self.generated.extend(batch.token_ids)
+            self.generated.extend(ids)
         if batch.worker_id and batch.worker_id != self.worker_id:
             self.worker_id = batch.worker_id
             # It holds the current attempt: if it is lost now, the request must move again.
             self.lost_workers.discard(batch.worker_id)
-        detok = self._detok
-        text = detok.push(batch.token_ids, stop_token_id=batch.stop_token_id)
+        if self._timing and ids:
+            if self.first_token_at is None:
+                self.first_token_at = now
+            self.last_token_at = now
+            self.token_batches += 1
+        if choice.end is not None:
+            return b""  # a stop string ended it; the worker goes on with the other choices
+        detok = choice.detok
+        consumed = detok.completion_tokens
+        text = detok.push(ids, stop_token_id=batch.stop_token_id)
         finish = "stop" if detok.stopped else batch.finish_reason
         if finish is not None:
             text += detok.flush()
-            self.finish_reason = finish
+        if choice.plain and self._text_delta is not None:  # the per-token common case
+            if finish is not None:
+                self._end(choice, finish)
+            return self._text_frames(index, choice, text)
+        pieces: list[Piece]
+        if choice.plain:
+            pieces = [Content(text)] if text else []
+        else:
+            pieces = choice.parse(text, finish is not None)
+        if finish is not None:
+            self._end(choice, finish)  # after parsing: it says whether tools were called
+        logprobs: Sequence[TokenLogprobs] = ()
+        if self._texts is not None and batch.logprobs:
+            logprobs = self._logprobs(batch, detok.completion_tokens - consumed)
         if self._is_stream:
-            return self._frames(text, finish)
-        return self._collect(text, finish)
+            return self._frames(index, choice, pieces, logprobs)
+        return self._collect(choice, pieces, logprobs)
+
+    def _end(self, choice: _Choice, finish: str) -> None:
+        choice.end = ChoiceEnd(finish, choice.has_tool_calls, choice.detok.stop_string)
+        self._open_choices -= 1
+
+    def _logprobs(self, batch: TokenBatch, consumed: int) -> list[TokenLogprobs]:
+        """The log-probabilities of the ids the detokenizer consumed, as text (not the hidden
+        EOS / stop token's)."""
+        assert self._texts is not None
+        ids = batch.token_ids[:consumed]
+        if (
+            batch.stop_token_id is not None
+            and consumed == len(batch.token_ids)
+            and not self.open.output.include_stop_str_in_output
+        ):
+            ids = ids[:-1]
+        return self._texts.logprobs(ids, batch.logprobs[: len(ids)], self._top)
 
     def position(self, batch: TokenBatch) -> int:
-        """Where ``batch`` starts in the request's whole generated sequence."""
+        """Where ``batch`` starts in its choice's whole generated sequence."""
         return self.index_base + batch.index
 
     def awaits_routing_check(self, now: float, after_s: float) -> bool:
@@ -180,33 +365,186 @@ class RequestFormatter:
         self.route_checked = False
         self.last_seen = now
 
-    def _frames(self, text: str, finish: str | None) -> bytes:
+    def _frames(
+        self,
+        index: int,
+        choice: _Choice,
+        pieces: list[Piece],
+        logprobs: Sequence[TokenLogprobs],
+    ) -> bytes:
         shaper = self._shaper
         running = self._usage() if self._continuous else None
         if not self._started:
             self._started = True
-            data = shaper.first(text, running)
+            data = self._preamble + shaper.opening(running)
         else:
-            data = shaper.delta(text, running) if text else b""
-        if finish is not None:
-            data += shaper.end(finish, self._usage(), self._nvext())
+            data = b""
+        if pieces or logprobs:
+            data += shaper.delta(index, pieces, logprobs, running)
+        end = choice.end
+        if end is not None:
+            data += shaper.choice_end(index, end, running)
+            if not self._open_choices:
+                self._finished()
+                data += shaper.closing(self._usage(), self._nvext())
         return data
 
-    def _collect(self, text: str, finish: str | None) -> bytes:
-        self._started = True
+    def _text_frames(self, index: int, choice: _Choice, text: str) -> bytes:
+        """``_frames`` for plain text through the shaper's ``text_delta`` (no pieces built)."""
+        shaper = self._shaper
+        if not self._started:
+            self._started = True
+            data = self._preamble + shaper.opening()
+        else:
+            data = b""
         if text:
-            self._parts.append(text)
-        if finish is None:
+            assert self._text_delta is not None
+            data += self._text_delta(index, text)
+        end = choice.end
+        if end is not None:
+            data += shaper.choice_end(index, end)
+            if not self._open_choices:
+                self._finished()
+                data += shaper.closing(self._usage(), self._nvext())
+        return data
+
+    def _collect(
+        self, choice: _Choice, pieces: list[Piece], logprobs: Sequence[TokenLogprobs]
+    ) -> bytes:
+        self._started = True
+        choice.pieces += pieces
+        if choice.logprobs is not None:
+            choice.logprobs += logprobs
+        end = choice.end
+        if end is None:
             return b""
-        if finish == "error":
-            raise InternalError("the worker failed while generating")
-        if finish == "cancelled":
-            raise ServiceUnavailable("the worker cancelled the request")
-        return self._shaper.body("".join(self._parts), finish, self._usage(), self._nvext())
+        failure = _failure(end.finish_reason)
+        if failure is not None:
+            self.finish_reason = end.finish_reason
+            raise failure
+        if self._open_choices:
+            return b""
+        self._finished()
+        results = [
+            ChoiceResult(n, collect(c.pieces), c.end, c.logprobs)
+            for n, c in enumerate(self._choices)
+            if c.end is not None
+        ]
+        return self._shaper.body(results, self._usage(), self._nvext())
+
+    def _finished(self) -> None:
+        first = self._choices[0].end
+        self.finish_reason = first.finish_reason if first is not None else "stop"
 
     def _nvext(self) -> Nvext | None:
-        """The response's ``nvext`` when ``nvext.extra_fields`` asked for ``worker_id``."""
-        return Nvext(worker_id=self.worker_id) if self._echo_worker else None
+        """The response's ``nvext`` when ``nvext.extra_fields`` asked for something."""
+        if not (self._echo_worker or self._timing):
+            return None
+        return Nvext(
+            worker_id=self.worker_id if self._echo_worker else UNSET,
+            timing=self.timing() if self._timing else UNSET,
+        )
+
+    def timing(self) -> dict[str, float]:
+        """``ttft_ms``: from the open to the first token; ``itl_ms``: the mean time between
+        batches with tokens after it (0 with one batch)."""
+        first = self.first_token_at
+        if first is None:
+            return {"ttft_ms": 0.0, "itl_ms": 0.0}
+        gaps = self.token_batches - 1
+        itl_s = (self.last_token_at - first) / gaps if gaps > 0 else 0.0
+        return {
+            "ttft_ms": round((first - self.started_at) * 1000, 3),
+            "itl_ms": round(itl_s * 1000, 3),
+        }
 
     def _usage(self) -> Usage:
-        return usage(self.open.prompt_tokens, self._detok.completion_tokens, self.cached_tokens)
+        return usage(self.open.prompt_tokens, self.completion_tokens, self.cached_tokens)
+
+
+def _failure(finish_reason: str) -> ServiceError | None:
+    """What a non-streaming request that ended so raises: no valid body exists for it."""
+    if finish_reason == "error":
+        return InternalError("the worker failed while generating")
+    if finish_reason == "cancelled":
+        return ServiceUnavailable("the worker cancelled the request")
+    return None
+
+
+def tidy(pieces: Sequence[Piece]) -> list[Piece]:
+    """Drop empty text; join neighbours of one kind (content, reasoning, one call's arguments)."""
+    out: list[Piece] = []
+    for piece in pieces:
+        if isinstance(piece, ToolCallStart):
+            out.append(piece)
+            continue
+        if not piece.text:
+            continue
+        last = out[-1] if out else None
+        if type(last) is type(piece):
+            if isinstance(piece, ToolCallArgs):
+                assert isinstance(last, ToolCallArgs)
+                if last.index == piece.index:
+                    out[-1] = ToolCallArgs(piece.index, last.text + piece.text)
+                    continue
+            elif isinstance(last, Content | Reasoning):
+                out[-1] = type(piece)(last.text + piece.text)
+                continue
+        out.append(piece)
+    return out
+
+
+def collect(pieces: Sequence[Piece]) -> Collected:
+    """A choice's pieces as one message (joined once: no quadratic string building)."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ToolCall] = []
+    arguments: list[list[str]] = []
+    for piece in pieces:
+        if isinstance(piece, Content):
+            content.append(piece.text)
+        elif isinstance(piece, Reasoning):
+            reasoning.append(piece.text)
+        elif isinstance(piece, ToolCallStart):
+            calls.append(ToolCall(id=piece.id, name=piece.name))
+            arguments.append([])
+        elif 0 <= piece.index < len(arguments):
+            arguments[piece.index].append(piece.text)
+    for call, parts in zip(calls, arguments, strict=True):
+        call.arguments = "".join(parts)
+    return Collected("".join(content), "".join(reasoning), calls)
+
+
+# --- parsers (``services.formatter.parsers``, imported when a request first needs one) ----------
+
+
+def reasoning_parser_for(out: OutputOptions) -> ReasoningParser | None:
+    """A new reasoning parser for one choice (``None``: reasoning stays content)."""
+    if not out.reasoning_parser:
+        return None
+    from services.formatter.parsers import (  # type: ignore[attr-defined,import-not-found,unused-ignore]
+        reasoning_parser,
+    )
+
+    try:
+        parser: ReasoningParser = reasoning_parser(out.reasoning_parser, opened=out.reasoning_open)
+    except (KeyError, ValueError) as exc:
+        raise InternalError(f"unknown reasoning parser {out.reasoning_parser!r}") from exc
+    return parser
+
+
+def tool_parser_for(open_: StreamOpen) -> ToolParser | None:
+    """A new tool parser for one choice (``None``: no tool calls are parsed)."""
+    name = open_.output.tool_parser
+    if not name:
+        return None
+    from services.formatter.parsers import (  # type: ignore[attr-defined,import-not-found,unused-ignore]
+        tool_parser,
+    )
+
+    try:
+        parser: ToolParser = tool_parser(name, tools=open_.tools)
+    except (KeyError, ValueError) as exc:
+        raise InternalError(f"unknown tool parser {name!r}") from exc
+    return parser
+

@@ -2,7 +2,7 @@
 
 Every subscription goes through the shared handler boundary (``shared.handlers``); what to do
 with each open, event and cancel is decided by ``streams.Streams`` (pure), the formatting by
-``request.py`` / ``detokenizer.py`` / ``chunks.py``. ``StreamOpen`` comes either as a
+``request.py`` / ``detokenizer.py`` / ``shapers/``. ``StreamOpen`` comes either as a
 queue-group request (answered with ``StreamOpened``) or on this instance's direct subject,
 unanswered, in which case its token batches may arrive first (decision 013).
 
@@ -416,7 +416,7 @@ class FormatterService:
             # The worker gave the request up on its own (a drain that ran out of time).
             return await self._resume_cancelled(state, event, now)
         position = state.position(event)
-        if position != state.next_index:
+        if position != state.expected_index(event):
             return await self._out_of_turn(state, event, position)
         try:
             data = state.on_batch(event, now)
@@ -440,7 +440,7 @@ class FormatterService:
         """A batch that does not start at the next token. Before it: a repeat, dropped. Past it:
         batches were lost, so the request moves on from the tokens it has (the batch is dropped:
         the next attempt makes those tokens again), or fails when it may not move."""
-        expected = state.next_index
+        expected = state.expected_index(batch)
         if position < expected:
             log.debug("token_batch_repeated", expected=expected, got=position)
             return True

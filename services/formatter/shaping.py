@@ -9,6 +9,9 @@ Anthropic Messages, the Responses API, gRPC text and KServe. ``RequestFormatter`
 - not streaming: ``body`` once with every choice whole.
 
 ``usage`` on ``delta`` / ``choice_end`` is given only with ``continuous_usage``.
+
+A shaper may also implement ``TextDeltas`` (the per-token fast path: plain text, no
+log-probabilities, no usage); ``RequestFormatter`` then skips building pieces for such deltas.
 """
 
 from __future__ import annotations
@@ -77,3 +80,10 @@ class Shaper(Protocol):
         self, choices: Sequence[ChoiceResult], usage: Usage, nvext: Nvext | None = None
     ) -> bytes:
         """Not streaming: the whole response body."""
+
+
+class TextDeltas(Protocol):
+    """Optional, besides ``Shaper``: frames for plain answer text, without building pieces."""
+
+    def text_delta(self, choice: int, text: str) -> bytes:
+        """The same bytes as ``delta(choice, [Content(text)])`` (``text`` is not empty)."""

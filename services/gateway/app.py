@@ -1,8 +1,10 @@
 """create_app(config, bus=...) -> the gateway's ASGI app: ``Relay`` for inference, Litestar else.
 
 ``Gateway`` opens the request context (request id, access line, metrics) for every HTTP request,
-hands the two inference paths to ``Relay`` (raw ASGI, ADR 010) once ``Admission`` gives them a
-slot (``--max-concurrent-requests``, shared with gRPC; else 503 before the body is read), and
+hands the inference paths (``endpoints.ENDPOINTS``: chat, completions, Anthropic Messages,
+Responses) to ``Relay`` (raw ASGI, ADR 010) once ``Admission`` gives them a slot
+(``--max-concurrent-requests``, shared with gRPC; else 503 before the body is read, 529 in
+Anthropic's dialect), and
 everything else (probes, listing, ``/openapi.json``, unknown routes, lifespan) to the Litestar
 app. The lifespan starts the bus, then the gRPC server (``serve_grpc``, ADR 015) in the same
 event loop; it stops them in the reverse order.
@@ -25,6 +27,8 @@ from services.gateway.admission import Admission
 from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
 from services.gateway.context import RequestContext, request_context, send_with_id
+from services.gateway.embeddings import build_embedding_routes
+from services.gateway.endpoints import ENDPOINTS
 from services.gateway.grpc_server import GrpcServer
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import openapi_config
@@ -82,7 +86,14 @@ def create_app(
             await bus.stop()
 
     app = Litestar(
-        route_handlers=build_routes(bus, readiness, metrics),
+        route_handlers=[
+            *build_routes(bus, readiness, metrics),
+            *build_embedding_routes(
+                bus,
+                timeout_s=config.request_timeout_s,
+                allow_unknown_fields=config.allow_unknown_fields,
+            ),
+        ],
         exception_handlers={
             ServiceError: render_service_error,
             HTTPException: render_http_exception,
@@ -138,7 +149,8 @@ class Gateway:
             await self._relay.serve(ctx, scope, receive, send)
             return
         if not admission.try_enter():
-            await responses.send_refusal(ctx, send, admission.refusal())
+            dialect = ENDPOINTS[ctx.path].dialect
+            await responses.send_refusal(ctx, send, admission.refusal(), dialect)
             return
         try:
             await self._relay.serve(ctx, scope, receive, send)

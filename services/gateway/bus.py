@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import msgspec
 import structlog
@@ -21,6 +23,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
+from nats.errors import MaxPayloadError
 
 from services.gateway.config import GatewayConfig
 from services.gateway.errors import ClientTooSlow, DuplicateRequestId, NoResponders
@@ -31,6 +34,7 @@ from shared import codec
 from shared.bus import connect, no_responders
 from shared.errors import (
     InternalError,
+    InvalidRequest,
     ModelNotFound,
     NoWorkerAvailable,
     ServiceError,
@@ -40,6 +44,9 @@ from shared.errors import (
 )
 from shared.messages import (
     Cancel,
+    CountTokens,
+    Embed,
+    EmbedResult,
     GatewayEvent,
     ModelCard,
     Preprocess,
@@ -47,8 +54,10 @@ from shared.messages import (
     ResponseChunk,
     TensorInfer,
     TensorResult,
+    TokenCount,
 )
 from shared.metrics import ServiceMetrics
+from shared.recent import RecentIds
 from shared.registry import ModelFiles, WorkerDirectory
 from shared.subjects import Subjects, request_id_of
 from shared.tasks import TaskSet
@@ -64,6 +73,17 @@ BUS_LOST_GRACE_S = 5.0
 """Requests in flight outlive a lost connection this long: back sooner, each is asked for (a
 replay of) what it missed (decision 018); later, each fails with a typed 503, as before."""
 BUS_UNAVAILABLE = "The message bus is unavailable."
+USED_ID_TTL_S = 60.0
+"""A reused request id gets a fresh bus id this long after its last use (longer than any
+service remembers a finished id)."""
+USED_ID_MAX = 100_000
+_EMBED_ANSWERS: codec.Decoder[EmbedResult | RequestFailed] = codec.Decoder(
+    EmbedResult | RequestFailed
+)
+_COUNT_ANSWERS: codec.Decoder[TokenCount | RequestFailed] = codec.Decoder(
+    TokenCount | RequestFailed
+)
+T = TypeVar("T")
 
 
 class Reply:
@@ -195,6 +215,8 @@ class GatewayBus:
         self._directory: WorkerDirectory | None = None
         self._files: ModelFiles | None = None
         self._pending: dict[str, Inbox] = {}
+        self._used = RecentIds(ttl_s=USED_ID_TTL_S, max_size=USED_ID_MAX)
+        """Bus ids sent lately (``bus_id``)."""
         self._turns: dict[str, int] = {}
         """Per model: how many tensor requests were sent (round-robin over its live workers)."""
         self._background = TaskSet()
@@ -402,6 +424,68 @@ class GatewayBus:
 
     def forget(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
+
+    def bus_id(self, request_id: str) -> str:
+        """The id to send a new request under: ``request_id`` itself, unless a request that
+        finished recently had it (a client reusing its ``X-Request-Id``): the services remember
+        finished ids for a while (decision 013) and would take the new request for a late copy
+        of the old one, so it gets a random suffix. One still in flight keeps its id and is
+        refused as a duplicate."""
+        now = time.monotonic()
+        chosen = request_id
+        if request_id in self._used and request_id not in self._pending:
+            chosen = f"{request_id}-{secrets.token_hex(4)}"
+        self._used.add(chosen, now)
+        return chosen
+
+    async def embed(self, request: Embed, timeout_s: float) -> EmbedResult:
+        """Ask the preprocessors to embed ``request``."""
+        return await self.ask(self.subjects.embed, request, _EMBED_ANSWERS, timeout_s, "input")
+
+    async def count_tokens(self, request: CountTokens, timeout_s: float) -> int:
+        """Ask the preprocessors how many tokens ``request``'s prompt has."""
+        answer = await self.ask(self.subjects.count_tokens, request, _COUNT_ANSWERS, timeout_s)
+        return answer.input_tokens
+
+    async def ask(
+        self,
+        subject: str,
+        request: msgspec.Struct,
+        answers: codec.Decoder[T | RequestFailed],
+        timeout_s: float,
+        param: str | None = None,
+    ) -> T:
+        """One request/reply with the preprocessors on a private inbox (its address also in
+        ``reply_to`` where the message has one); every hop's failure comes back typed, silence
+        past ``timeout_s`` is a 504, a body over NATS' limit a 400 naming ``param``."""
+        assert self._nc is not None, "start() first"
+        await self._bus_ready()
+        nc = self._nc
+        inbox = nc.new_inbox()
+        if "reply_to" in request.__struct_fields__:
+            request = msgspec.structs.replace(request, reply_to=inbox)
+        sub = await nc.subscribe(inbox, max_msgs=1)
+        try:
+            await nc.publish(subject, codec.encode(request), reply=inbox)
+            msg = await sub.next_msg(timeout=timeout_s)
+        except TimeoutError:
+            raise UpstreamTimeout(f"No response from upstream within {timeout_s:g}s.") from None
+        except MaxPayloadError:
+            raise InvalidRequest("The request is too large.", param=param) from None
+        except NatsError as exc:
+            raise ServiceUnavailable(BUS_UNAVAILABLE) from exc
+        finally:
+            with contextlib.suppress(NatsError):
+                await sub.unsubscribe()
+        if no_responders(msg) is not None:
+            raise ServiceUnavailable("No preprocessor is running.")
+        try:
+            answer = answers.decode(msg.data)
+        except codec.DecodeError:
+            raise InternalError("An upstream service sent an undecodable reply.") from None
+        if isinstance(answer, RequestFailed):
+            raise from_message(answer)
+        return answer
 
     def cancel_soon(self, request_id: str, reason: str) -> None:
         """Forget the request and publish ``Cancel`` from a task of its own.

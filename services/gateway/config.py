@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 from dataclasses import dataclass
+from pathlib import Path
 
 from shared.config import CommonConfig, computed_setting, setting
 from shared.registry import DEFAULT_WORKER_TTL_S
@@ -103,6 +105,44 @@ class GatewayConfig(CommonConfig):
         ge=0,
     )
 
+    allow_unknown_fields: bool = setting(
+        False,
+        "Ignore (and log) unknown top-level fields in OpenAI request bodies instead of refusing "
+        "them with a 400 that names them",
+        also_env=("JETSERVE_ALLOW_UNKNOWN_FIELDS",),
+    )
+    tls_cert_path: Path | None = setting(
+        None,
+        "Serve HTTPS with this PEM certificate (chain); needs --tls-key-path",
+        also_env=("JETSERVE_TLS_CERT_PATH",),
+    )
+    tls_key_path: Path | None = setting(
+        None,
+        "The PEM private key of --tls-cert-path",
+        also_env=("JETSERVE_TLS_KEY_PATH",),
+    )
+
     def __post_init__(self) -> None:
         CommonConfig.__post_init__(self)
         check_token(self.gateway_id, "--gateway-id / JETSERVE_GATEWAY_ID")
+        check_tls_pair(self.tls_cert_path, self.tls_key_path)
+
+    @property
+    def tls(self) -> bool:
+        """Whether the HTTP listener serves HTTPS."""
+        return self.tls_cert_path is not None
+
+
+def check_tls_pair(cert: Path | None, key: Path | None) -> None:
+    """Both TLS paths or neither, each a readable file (``ValueError`` naming the culprit)."""
+    if (cert is None) != (key is None):
+        missing = "--tls-key-path" if key is None else "--tls-cert-path"
+        given = "--tls-cert-path" if key is None else "--tls-key-path"
+        raise ValueError(f"{given} is set but {missing} is not: TLS needs both (or neither)")
+    for path, flag in ((cert, "--tls-cert-path"), (key, "--tls-key-path")):
+        if path is None:
+            continue
+        if not path.is_file():
+            raise ValueError(f"{flag} {path}: no such file")
+        if not os.access(path, os.R_OK):
+            raise ValueError(f"{flag} {path}: not readable by this process")

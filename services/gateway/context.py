@@ -48,6 +48,13 @@ class RequestContext:
     completion_tokens: int = 0
     grpc_status: str = ""
     """gRPC only: the status code's name (``OK``, ``NOT_FOUND``, …); ``path`` is the RPC."""
+    bus_id: str = ""
+    """The request's id on the bus: ``request_id``, with a random suffix when the client reuses
+    an id the gateway saw recently (``GatewayBus.bus_id``)."""
+
+    def __post_init__(self) -> None:
+        if not self.bus_id:
+            self.bus_id = self.request_id
 
     def mark_first_response(self) -> None:
         self.ttft_s = time.perf_counter() - self.started_s

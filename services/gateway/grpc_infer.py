@@ -151,12 +151,13 @@ class Inference:
         self._check_open()
         await self._bus.check_model(model)
         first_timeout_s = _wait_s(self._first_timeout_s, deadline)
+        ctx.bus_id = self._bus.bus_id(ctx.request_id)
         now = time.time()
         kserve = KServeOutput(id=request.id, outputs=tuple(parsed.outputs)) if stream else None
         preprocess = completion_to_preprocess(
             completion,
-            request_id=ctx.request_id,
-            reply_to=self._bus.reply_subject(ctx.request_id),
+            request_id=ctx.bus_id,
+            reply_to=self._bus.reply_subject(ctx.bus_id),
             created=int(now),
             deadline_ms=int((now + first_timeout_s) * 1000),
             output_format="kserve" if stream else "text",
@@ -254,10 +255,11 @@ class Inference:
                 f"The model `{model}` has no live worker right now.",
                 retry_after_s=NO_WORKER_RETRY_AFTER_S,
             )
+        ctx.bus_id = self._bus.bus_id(ctx.request_id)
         infer = TensorInfer(
-            request_id=ctx.request_id,
+            request_id=ctx.bus_id,
             model=model,
-            reply_to=self._bus.reply_subject(ctx.request_id),
+            reply_to=self._bus.reply_subject(ctx.bus_id),
             inputs=inputs,
             outputs=tuple(o.name for o in request.outputs),
             model_version=request.model_version,

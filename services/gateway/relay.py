@@ -1,42 +1,48 @@
-"""The inference request lifecycle, raw ASGI: ``POST /v1/chat/completions``, ``/v1/completions``.
+"""The inference request lifecycle, raw ASGI, for every path in ``endpoints.ENDPOINTS``: OpenAI
+chat and completions, Anthropic Messages (and ``count_tokens``), the Responses API.
 
 Read the body (with Litestar's checks), parse, submit, wait for the first event, then answer
 with a JSON body or an SSE stream; an error before the first event gets its real status, one
-after the headers ends the stream in-band. A timeout or a client disconnect cancels upstream.
+after the headers ends the stream in-band, each in the endpoint's error dialect. A timeout or a
+client disconnect cancels upstream. ``count_tokens`` asks the preprocessors instead (request/
+reply) and answers ``{"input_tokens": N}``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
+import msgspec
 import structlog
 from litestar.types import HTTPScope, Receive, Send
 
-from services.gateway import responses, sse
+from services.gateway import responses
 from services.gateway.bus import GatewayBus, Reply
 from services.gateway.config import GatewayConfig
-from services.gateway.context import RequestContext, id_header, note_error
-from services.gateway.errors import ClientDisconnected
-from services.gateway.translate import (
-    chat_to_preprocess,
-    completion_to_preprocess,
-    parse_chat,
-    parse_completion,
-    routing_headers,
+from services.gateway.context import RequestContext, note_error
+from services.gateway.endpoints import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    ENDPOINTS,
+    PATHS,
+    Endpoint,
 )
-from shared.errors import InternalError, ServiceError
-from shared.messages import Preprocess, ResponseChunk
+from services.gateway.errors import ClientDisconnected
+from services.gateway.nvext import routing_headers
+from services.gateway.responses import ErrorDialect
+from shared.errors import (
+    InternalError,
+    ModelNotFound,
+    ServiceError,
+)
+from shared.messages import CountTokens, Preprocess, ResponseChunk
 
 log = structlog.get_logger(__name__)
 
-CHAT_PATH = "/v1/chat/completions"
-COMPLETIONS_PATH = "/v1/completions"
-PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH})
-"""Served by ``Relay`` (any method: only ``POST`` is allowed); every other path is Litestar's."""
+__all__ = ["CHAT_PATH", "COMPLETIONS_PATH", "PATHS", "Readiness", "Relay"]
+
 MAX_BODY_BYTES = 10_000_000
 """Litestar's default ``request_max_body_size``, so the limit is the same on every route."""
 
@@ -76,67 +82,114 @@ class _HttpError(Exception):
 class Relay:
     """One inference request, from its body to the last byte of its response."""
 
-    __slots__ = ("_bus", "_first_timeout_s", "_idle_timeout_s", "_readiness")
+    __slots__ = (
+        "_allow_unknown",
+        "_bus",
+        "_first_timeout_s",
+        "_idle_timeout_s",
+        "_readiness",
+    )
 
     def __init__(self, config: GatewayConfig, bus: GatewayBus, readiness: Readiness) -> None:
         self._bus = bus
         self._readiness = readiness
         self._first_timeout_s = config.request_timeout_s
         self._idle_timeout_s = config.stream_idle_timeout_s
+        self._allow_unknown = config.allow_unknown_fields
 
     async def serve(
         self, ctx: RequestContext, scope: HTTPScope, receive: Receive, send: Send
     ) -> None:
         """Submit the request, then relay its replies; every failure becomes a response."""
+        endpoint = ENDPOINTS[ctx.path]
+        dialect = endpoint.dialect
+        rid = ctx.request_id
         if scope["method"] != "POST":
-            parts = responses.http_error(405, "", scope["method"], ctx.path, _ALLOW_POST)
-            await _send_error(ctx, send, parts)
+            parts = responses.http_error(
+                405, "", scope["method"], ctx.path, _ALLOW_POST, dialect, rid
+            )
+            await _send_error(ctx, send, parts, dialect)
             return
         try:
-            preprocess, reply = await self._submit(ctx, scope, receive)
+            if endpoint.kind == "count_tokens":
+                await self._count_tokens(ctx, endpoint, scope, receive, send)
+                return
+            preprocess, reply = await self._submit(ctx, endpoint, scope, receive)
         except ServiceError as exc:
-            await _send_error(ctx, send, responses.service_error(exc))
+            await _send_error(ctx, send, responses.service_error(exc, dialect, rid), dialect)
             return
         except _HttpError as exc:
-            parts = responses.http_error(exc.status, exc.detail, "POST", ctx.path)
-            await _send_error(ctx, send, parts)
+            parts = responses.http_error(
+                exc.status, exc.detail, "POST", ctx.path, None, dialect, rid
+            )
+            await _send_error(ctx, send, parts, dialect)
             return
         except Exception as exc:  # noqa: BLE001 - a bug: unexpected_error logs it once
-            await _send_error(ctx, send, responses.unexpected_error(exc))
+            await _send_error(ctx, send, responses.unexpected_error(exc, dialect, rid), dialect)
             return
         listener = asyncio.get_running_loop().create_task(_watch(receive, reply))
         try:
-            await self._respond(ctx, reply, preprocess.output.stream, send)
+            await self._respond(ctx, reply, preprocess.output.stream, send, dialect)
         finally:
             listener.cancel()
 
-    async def _submit(
-        self, ctx: RequestContext, scope: HTTPScope, receive: Receive
-    ) -> tuple[Preprocess, Reply]:
-        """Read and parse the body, refuse while shutting down, check the model, publish."""
+    async def _prepare(
+        self, ctx: RequestContext, endpoint: Endpoint, scope: HTTPScope, receive: Receive
+    ) -> Preprocess:
+        """Read and parse the body, check the model, make the bus request."""
         body = await _read_body(scope, receive)
         headers = routing_headers(scope["headers"])
-        to_preprocess: Callable[..., Preprocess]
-        if ctx.path == CHAT_PATH:
-            chat = parse_chat(body)
-            ctx.model = model = chat.model
-            to_preprocess = partial(chat_to_preprocess, chat, headers=headers)
+        parsed = endpoint.parse(body, headers, self._allow_unknown)
+        ctx.model = parsed.model
+        if endpoint.kind == "count_tokens":
+            # Counting needs the model's tokenizer, not a live worker.
+            if (
+                not self._bus.is_live(parsed.model)
+                and await self._bus.model_card(parsed.model) is None
+            ):
+                raise ModelNotFound(parsed.model)
         else:
-            completion = parse_completion(body)
-            ctx.model = model = completion.model
-            to_preprocess = partial(completion_to_preprocess, completion, headers=headers)
-        await self._bus.check_model(model)
+            await self._bus.check_model(parsed.model)
+        ctx.bus_id = self._bus.bus_id(ctx.request_id)
         now = time.time()
-        preprocess = to_preprocess(
-            request_id=ctx.request_id,
-            reply_to=self._bus.reply_subject(ctx.request_id),
+        return parsed.to_preprocess(
+            request_id=ctx.bus_id,
+            reply_to=self._bus.reply_subject(ctx.bus_id),
             created=int(now),
             deadline_ms=int((now + self._first_timeout_s) * 1000),
         )
+
+    async def _submit(
+        self, ctx: RequestContext, endpoint: Endpoint, scope: HTTPScope, receive: Receive
+    ) -> tuple[Preprocess, Reply]:
+        """Prepare the request, then publish it."""
+        preprocess = await self._prepare(ctx, endpoint, scope, receive)
         return preprocess, await self._bus.submit(preprocess)
 
-    async def _respond(self, ctx: RequestContext, reply: Reply, stream: bool, send: Send) -> None:
+    async def _count_tokens(
+        self,
+        ctx: RequestContext,
+        endpoint: Endpoint,
+        scope: HTTPScope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """Ask the preprocessors for the request's prompt tokens; answer ``{"input_tokens"}``."""
+        preprocess = await self._prepare(ctx, endpoint, scope, receive)
+        ask = CountTokens(request_id=ctx.bus_id, request=preprocess)
+        tokens = await self._bus.count_tokens(ask, self._first_timeout_s)
+        ctx.mark_first_response()
+        ctx.prompt_tokens = tokens
+        body = msgspec.json.encode({"input_tokens": tokens})
+        headers = [_JSON, (b"content-length", b"%d" % len(body)), *endpoint.dialect.headers(ctx)]
+        await _start(ctx, send, 200, headers)
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _respond(
+        self, ctx: RequestContext, reply: Reply, stream: bool, send: Send, dialect: ErrorDialect
+    ) -> None:
         """Wait for the first event, then answer with it (JSON) or start the SSE stream."""
+        rid = ctx.request_id
         try:
             first = await reply.next(self._first_timeout_s)
             ctx.mark_first_response()
@@ -145,27 +198,27 @@ class Relay:
                 reply.close()
         except ClientDisconnected as exc:
             reply.cancel("client_disconnected")
-            await _send_error(ctx, send, responses.service_error(exc))
+            await _send_error(ctx, send, responses.service_error(exc, dialect, rid), dialect)
             return
         except ServiceError as exc:
-            await _send_error(ctx, send, responses.service_error(exc))
+            await _send_error(ctx, send, responses.service_error(exc, dialect, rid), dialect)
             return
         except asyncio.CancelledError:
             reply.cancel("cancelled")
             raise
         except Exception as exc:  # noqa: BLE001 - a bug: unexpected_error logs it once
             reply.cancel("internal_error")
-            await _send_error(ctx, send, responses.unexpected_error(exc))
+            await _send_error(ctx, send, responses.unexpected_error(exc, dialect, rid), dialect)
             return
         if not stream:
             ctx.prompt_tokens, ctx.completion_tokens = last.prompt_tokens, last.completion_tokens
             body = last.data
-            headers = [_JSON, (b"content-length", b"%d" % len(body)), id_header(ctx)]
+            headers = [_JSON, (b"content-length", b"%d" % len(body)), *dialect.headers(ctx)]
             await _start(ctx, send, 200, headers)
             await send({"type": "http.response.body", "body": body, "more_body": False})
             return
-        await _start(ctx, send, 200, [*_SSE_START, id_header(ctx)])
-        await self._stream(ctx, reply, first, send)
+        await _start(ctx, send, 200, [*_SSE_START, *dialect.headers(ctx)])
+        await self._stream(ctx, reply, first, send, dialect)
 
     async def _joined(self, reply: Reply, first: ResponseChunk) -> ResponseChunk:
         """A non-streamed body sent in several chunks (the formatter normally sends one), as one."""
@@ -183,7 +236,12 @@ class Relay:
         )
 
     async def _stream(
-        self, ctx: RequestContext, reply: Reply, first: ResponseChunk, send: Send
+        self,
+        ctx: RequestContext,
+        reply: Reply,
+        first: ResponseChunk,
+        send: Send,
+        dialect: ErrorDialect,
     ) -> None:
         """Relay SSE bytes until ``done``; a failure ends the stream with an error event.
 
@@ -195,6 +253,7 @@ class Relay:
         is_finished = False
         parts = [first.data]
         chunk = first
+        sent = first.data  # the last chunk's bytes: a Responses error event is numbered after them
         try:
             while not chunk.done:
                 if not reply.ready:  # nothing more queued: flush, then wait
@@ -203,6 +262,7 @@ class Relay:
                     parts.clear()
                 chunk = await reply.next(idle_timeout_s)
                 parts.append(chunk.data)
+                sent = chunk.data
             is_finished = True
             ctx.prompt_tokens, ctx.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
         except ClientDisconnected:
@@ -211,13 +271,14 @@ class Relay:
             is_finished = True
             note_error(exc.code)
             log.warning("stream_failed", code=exc.code, message=exc.message)
-            parts.append(sse.error_tail(exc))
+            parts.append(dialect.stream_tail(exc, sent))
         except Exception as exc:  # the response started: report in-band, log once
             is_finished = True
             log.exception("stream_crashed")
             note_error("internal_error")
             reply.cancel("internal_error")
-            parts.append(sse.error_tail(InternalError(f"Internal error: {type(exc).__name__}")))
+            crash = InternalError(f"Internal error: {type(exc).__name__}")
+            parts.append(dialect.stream_tail(crash, sent))
         finally:
             if is_finished:
                 reply.close()
@@ -273,11 +334,13 @@ async def _start(
     await send({"type": "http.response.start", "status": status, "headers": headers})
 
 
-async def _send_error(ctx: RequestContext, send: Send, parts: responses.ErrorParts) -> None:
+async def _send_error(
+    ctx: RequestContext, send: Send, parts: responses.ErrorParts, dialect: ErrorDialect
+) -> None:
     status, body, extra = parts
     headers = [
         (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in extra.items()
     ]
-    headers += [_JSON, (b"content-length", b"%d" % len(body)), id_header(ctx)]
+    headers += [_JSON, (b"content-length", b"%d" % len(body)), *dialect.headers(ctx)]
     await _start(ctx, send, status, headers)
     await send({"type": "http.response.body", "body": body, "more_body": False})

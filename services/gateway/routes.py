@@ -1,4 +1,4 @@
-"""Litestar routes: ``/v1/models``, ``/health``, ``/live``, ``/metrics``.
+"""Litestar routes: ``/v1/models``, ``/health``, ``/live``, ``/metrics``, ``/docs`` (Swagger UI).
 
 Handlers are closures built by ``build_routes`` over their collaborators, so nothing is
 injected per request. The two inference endpoints are not here: ``relay.py`` serves them.
@@ -10,11 +10,12 @@ import time
 from typing import Any
 
 import msgspec
-from litestar import Response, get
+from litestar import Request, Response, get
 from litestar.handlers import HTTPRouteHandler
 
 from services.gateway.bus import GatewayBus
 from services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from services.gateway.openapi import DOCS_PATH, swagger_page
 from services.gateway.relay import Readiness
 
 JSON = "application/json"
@@ -62,4 +63,8 @@ def build_routes(
     async def prometheus() -> Response[bytes]:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 
-    return [list_models, health, live, prometheus]
+    @get(DOCS_PATH, include_in_schema=False)
+    async def docs(request: Request[Any, Any, Any]) -> Response[bytes]:
+        return Response(swagger_page(request), media_type="text/html; charset=utf-8")
+
+    return [list_models, health, live, prometheus, docs]

@@ -1,11 +1,14 @@
 """Serve the app with uvicorn (uvloop + httptools) and gRPC in the same loop; SIGTERM flips
-readiness, then drains."""
+readiness, then drains. With ``--tls-cert-path`` / ``--tls-key-path`` the HTTP listener serves
+HTTPS (uvicorn's ssl options; gRPC stays plaintext)."""
 
 from __future__ import annotations
 
 import math
 import signal
+import ssl
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -34,6 +37,7 @@ class _Server(uvicorn.Server):
 
 def build_server(config: GatewayConfig) -> uvicorn.Server:
     """A uvicorn server for the gateway app; ``run()`` it to serve until SIGTERM/SIGINT."""
+    tls = tls_options(config)  # first: a bad certificate fails before anything starts
     readiness = Readiness()
     metrics = GatewayMetrics()
     bus = GatewayBus(config, metrics=metrics.base)
@@ -57,12 +61,40 @@ def build_server(config: GatewayConfig) -> uvicorn.Server:
         proxy_headers=False,
         # On SIGTERM in-flight requests finish within the grace period, then are cut.
         timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s),
+        **tls,
     )
     return _Server(server_config, readiness)
+
+
+class TlsError(ValueError):
+    """The TLS certificate and key cannot serve HTTPS (a start-up error)."""
+
+
+def tls_options(config: GatewayConfig) -> dict[str, Any]:
+    """uvicorn's ssl options for ``config`` (none without TLS), after checking that the
+    certificate and key load and belong together, so a bad pair fails at start-up, clearly."""
+    cert, key = config.tls_cert_path, config.tls_key_path
+    if cert is None or key is None:
+        return {}
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        raise TlsError(
+            f"--tls-cert-path {cert} / --tls-key-path {key}: not a PEM certificate and its "
+            f"private key ({exc.reason or exc})"
+        ) from None
+    except OSError as exc:
+        raise TlsError(f"--tls-cert-path {cert} / --tls-key-path {key}: {exc}") from None
+    return {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
 
 
 def serve(config: GatewayConfig) -> None:
     """Serve HTTP and gRPC until a signal."""
     # A SIGTERMed gateway exits 0 once the lifespan has drained the bus; after SIGINT uvicorn
     # raises the signal again (status 130).
-    build_server(config).run()
+    try:
+        server = build_server(config)
+    except TlsError as exc:
+        raise SystemExit(f"gateway: {exc}") from None
+    server.run()

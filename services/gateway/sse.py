@@ -1,9 +1,22 @@
-"""Pure: the one SSE event the gateway writes itself (the formatter frames all the others)."""
+"""Pure: the one SSE event the gateway writes itself (the formatter frames all the others).
+
+A stream that fails after its headers went out ends with an error event in the dialect of its
+API: OpenAI chat and completions ``data: {"error": …}`` then ``data: [DONE]``; Anthropic
+``event: error`` with ``{"type": "error", "error": {"type", "message"}}`` (and nothing after it,
+as Anthropic); the Responses API ``event: error`` with ``{"type": "error", "code", "message",
+"param", "sequence_number"}`` (its streams have no ``[DONE]``).
+"""
 
 from __future__ import annotations
 
+import re
+
+import msgspec
+
 from shared import sse
 from shared.errors import ServiceError
+
+_SEQUENCE = re.compile(rb'"sequence_number":(\d+)')
 
 
 def error_frame(exc: ServiceError) -> bytes:
@@ -14,3 +27,29 @@ def error_frame(exc: ServiceError) -> bytes:
 def error_tail(exc: ServiceError) -> bytes:
     """What ends a stream that failed midway: the error event, then ``[DONE]``."""
     return error_frame(exc) + sse.DONE
+
+
+def event(name: str, payload: bytes) -> bytes:
+    """One named SSE event (``event: <name>`` then its ``data:`` line)."""
+    return b"event: " + name.encode() + b"\n" + sse.frame(payload)
+
+
+def anthropic_error_tail(error_type: str, message: str) -> bytes:
+    """Anthropic's in-stream error event."""
+    error = {"type": error_type, "message": message}
+    return event("error", msgspec.json.encode({"type": "error", "error": error}))
+
+
+def responses_error_tail(exc: ServiceError, sent: bytes) -> bytes:
+    """The Responses API's in-stream ``error`` event, numbered after the last event in
+    ``sent`` (the bytes of the last chunk relayed)."""
+    numbers = _SEQUENCE.findall(sent)
+    sequence = int(numbers[-1]) + 1 if numbers else 0
+    payload = {
+        "type": "error",
+        "code": exc.code,
+        "message": exc.message,
+        "param": exc.param,
+        "sequence_number": sequence,
+    }
+    return event("error", msgspec.json.encode(payload))

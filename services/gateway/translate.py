@@ -1,89 +1,107 @@
 """Pure: OpenAI request bytes -> validated Struct -> ``shared.messages.Preprocess``.
 
 Every way a body can be wrong ends as ``InvalidRequest`` (HTTP 400) with ``param`` naming the
-offending field, never as a 500.
+offending field, never as a 500. Unknown top-level fields are refused, naming them, unless the
+caller passes ``allow_unknown=True`` (``--allow-unknown-fields``): then they are ignored and
+logged. Tools and structured outputs are resolved by ``tooling``, ``nvext`` and the routing
+headers by ``nvext``; what is accepted but not acted on is listed in ``accepted_fields``.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
+import structlog
 
+from services.gateway import nvext as nv
+from services.gateway import tooling
+from services.gateway.accepted_fields import NVEXT_EXTRA_FIELDS as EXTRA_FIELDS
+from services.gateway.bodies import Decoders, UnknownField, invalid
+from services.gateway.nvext import (
+    MAX_SALT_LEN,
+    NO_HEADERS,
+    TENANT_HEADER,
+    WORKER_HEADER,
+    RoutingHeaders,
+    routing_headers,
+)
 from services.gateway.openai_types import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    ResponseFormatJsonSchema,
+    StrictChatCompletionRequest,
+    StrictCompletionRequest,
 )
 from shared.errors import InvalidRequest
 from shared.messages import (
+    Guided,
     KServeOutput,
     OutputFormat,
     OutputOptions,
     Preprocess,
-    RoutingHints,
     SamplingParams,
 )
-from shared.subjects import is_token
 
-T = TypeVar("T")
+__all__ = [
+    "EXTRA_FIELDS",
+    "MAX_SALT_LEN",
+    "NO_HEADERS",
+    "TENANT_HEADER",
+    "WORKER_HEADER",
+    "RoutingHeaders",
+    "UnknownField",
+    "chat_from",
+    "chat_to_preprocess",
+    "completion_from",
+    "completion_to_preprocess",
+    "parse_chat",
+    "parse_completion",
+    "routing_headers",
+]
+
+S = TypeVar("S", bound=msgspec.Struct)
+log = structlog.get_logger(__name__)
 
 MAX_STOP_SEQUENCES = 4
 """As OpenAI (and Dynamo's validator): at most four stop strings."""
 
-_CHAT_DECODER = msgspec.json.Decoder(ChatCompletionRequest)
-_COMPLETION_DECODER = msgspec.json.Decoder(CompletionRequest)
-_AT_PATH = re.compile(r"^(?P<detail>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
-_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
 _CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool"})
-
-TENANT_HEADER = b"x-tenant-id"
-WORKER_HEADER = b"x-worker-instance-id"
-EXTRA_FIELDS = frozenset({"worker_id"})
-"""``nvext.extra_fields`` values served; others are ignored (as Dynamo ignores unknown ones)."""
-MAX_SALT_LEN = 256
+_INT_MIN, _UINT_MAX = -(2**63), 2**64 - 1
+"""MessagePack's integer range."""
 
 
-@dataclass(frozen=True, slots=True)
-class RoutingHeaders:
-    """The routing headers of one HTTP request (``x-tenant-id``, ``x-worker-instance-id``)."""
-
-    tenant_id: str | None = None
-    worker_instance_id: str | None = None
-
-
-NO_HEADERS = RoutingHeaders()
+_CHAT: Decoders[ChatCompletionRequest] = Decoders(
+    StrictChatCompletionRequest, ChatCompletionRequest, "chat completion request"
+)
+_COMPLETION: Decoders[CompletionRequest] = Decoders(
+    StrictCompletionRequest, CompletionRequest, "completion request"
+)
 
 
-def routing_headers(headers: Iterable[tuple[bytes, bytes]]) -> RoutingHeaders:
-    """Pick the routing headers out of raw ASGI headers (names are lower-case there)."""
-    tenant = worker = None
-    for name, value in headers:
-        if name == TENANT_HEADER:
-            tenant = value.decode("latin-1").strip() or None
-        elif name == WORKER_HEADER:
-            worker = value.decode("latin-1").strip() or None
-    if tenant is None and worker is None:
-        return NO_HEADERS
-    return RoutingHeaders(tenant_id=tenant, worker_instance_id=worker)
-
-
-def parse_chat(body: bytes) -> ChatCompletionRequest:
-    """Decode and validate a chat completion body."""
-    request = _decode(_CHAT_DECODER, body)
-    _check_common(request)
-    if not request.messages:
-        raise InvalidRequest("`messages` must contain at least one message.", param="messages")
+def parse_chat(body: bytes, *, allow_unknown: bool = False) -> ChatCompletionRequest:
+    """Decode and validate a chat completion body (unknown fields: 400 unless allowed)."""
+    request = _decode(_CHAT, body, allow_unknown)
+    _check_chat(request)
     return request
 
 
-def parse_completion(body: bytes) -> CompletionRequest:
-    """Decode and validate a completion body."""
-    request = _decode(_COMPLETION_DECODER, body)
-    _check_common(request)
+def parse_completion(body: bytes, *, allow_unknown: bool = False) -> CompletionRequest:
+    """Decode and validate a completion body (unknown fields: 400 unless allowed)."""
+    request = _decode(_COMPLETION, body, allow_unknown)
+    _check_completion(request)
+    return request
+
+
+def chat_from(fields: dict[str, Any]) -> ChatCompletionRequest:
+    """Validate a chat request given as values (another front end: Responses, Messages) as a
+    body would be; unknown keys are the caller's business and are ignored."""
+    try:
+        request = msgspec.convert(fields, ChatCompletionRequest)
+    except msgspec.ValidationError as exc:
+        raise invalid(str(exc)) from None
+    _check_chat(request)
     return request
 
 
@@ -92,8 +110,8 @@ def completion_from(fields: dict[str, Any]) -> CompletionRequest:
     try:
         request = msgspec.convert(fields, CompletionRequest)
     except msgspec.ValidationError as exc:
-        raise _invalid(str(exc)) from None
-    _check_common(request)
+        raise invalid(str(exc)) from None
+    _check_completion(request)
     return request
 
 
@@ -107,11 +125,13 @@ def chat_to_preprocess(
     headers: RoutingHeaders = NO_HEADERS,
 ) -> Preprocess:
     """The bus form of a validated chat request."""
-    routing, worker_id = _routing(request, headers)
-    tools = None
-    if request.tools and request.tool_choice != "none":
-        tools = tuple(request.tools)
+    routing, worker_id = nv.routing(request.nvext, request.cache_salt, headers)
+    ext = request.nvext
+    tools = tooling.resolve(request)
+    max_thinking = ext.max_thinking_tokens if ext is not None else None
     max_tokens = request.max_completion_tokens or request.max_tokens
+    logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    token_data = ext.token_data if ext is not None else None
     return Preprocess(
         request_id=request_id,
         api="chat",
@@ -119,16 +139,20 @@ def chat_to_preprocess(
         reply_to=reply_to,
         created=created,
         messages=tuple(_message_dict(i, m) for i, m in enumerate(request.messages)),
-        tools=tools,
+        prompt_token_ids=tuple(token_data) if token_data else None,
+        tools=tooling.template_tools(tools),
         chat_template_kwargs=request.chat_template_kwargs or {},
         add_generation_prompt=_flag(request.add_generation_prompt, default=True),
         continue_final_message=_flag(request.continue_final_message, default=False),
         max_tokens=max_tokens,
-        sampling=_sampling(request, max_tokens),
-        output=_output(request, echo=False),
+        sampling=_sampling(
+            request, max_tokens, logprobs, tooling.guided(request, tools, max_thinking)
+        ),
+        output=_output(request, logprobs, echo=False),
         deadline_ms=deadline_ms,
         routing=routing,
         worker_id=worker_id,
+        use_raw_prompt=bool(ext is not None and ext.use_raw_prompt),
     )
 
 
@@ -145,8 +169,14 @@ def completion_to_preprocess(
 ) -> Preprocess:
     """The bus form of a validated completion request (``text`` or ``kserve`` output for
     gRPC)."""
-    routing, worker_id = _routing(request, headers)
+    routing, worker_id = nv.routing(request.nvext, request.cache_salt, headers)
+    ext = request.nvext
     prompt, token_ids = _prompt(request.prompt)
+    if ext is not None and ext.token_data:
+        prompt, token_ids = None, tuple(ext.token_data)
+    guided = None
+    if ext is not None and ext.max_thinking_tokens is not None:
+        guided = tooling.guided_thinking(ext.max_thinking_tokens)
     return Preprocess(
         request_id=request_id,
         api="completion",
@@ -156,47 +186,93 @@ def completion_to_preprocess(
         prompt=prompt,
         prompt_token_ids=token_ids,
         max_tokens=request.max_tokens,
-        sampling=_sampling(request, request.max_tokens),
+        sampling=_sampling(request, request.max_tokens, request.logprobs, guided),
         output=_output(
-            request, echo=_flag(request.echo, default=False), fmt=output_format, kserve=kserve
+            request,
+            request.logprobs,
+            echo=_flag(request.echo, default=False),
+            fmt=output_format,
+            kserve=kserve,
         ),
         deadline_ms=deadline_ms,
         routing=routing,
         worker_id=worker_id,
+        use_raw_prompt=bool(ext is not None and ext.use_raw_prompt),
     )
 
 
-# --- helpers -------------------------------------------------------------------------------------
+# --- decoding ------------------------------------------------------------------------------------
 
 
-def _decode(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
-    try:
-        return decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise _invalid(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
+def _decode(decoders: Decoders[S], body: bytes, allow_unknown: bool) -> S:
+    return decoders.decode(body, allow_unknown=allow_unknown)
 
 
-def _invalid(error: str) -> InvalidRequest:
-    """Turn msgspec's ``"<detail> - at `$.a[0].b`"`` into a message and an OpenAI ``param``."""
-    match = _AT_PATH.match(error)
-    detail = match["detail"] if match else error
-    param = (match["path"] or "").lstrip(".") if match else ""
-    if missing := _MISSING.match(detail):
-        param = f"{param}.{missing['field']}" if param else missing["field"]
-    if not param:
-        return InvalidRequest(f"Invalid request body: {detail}")
-    return InvalidRequest(f"Invalid value for `{param}`: {detail}", param=param)
+# --- checks --------------------------------------------------------------------------------------
+
+
+def _check_chat(request: ChatCompletionRequest) -> None:
+    _check_common(request)
+    if not request.messages:
+        raise InvalidRequest("`messages` must contain at least one message.", param="messages")
+    if request.top_logprobs is not None and not request.logprobs:
+        raise InvalidRequest("`top_logprobs` needs `logprobs: true`.", param="top_logprobs")
+    if request.audio is not None or (request.modalities and "audio" in request.modalities):
+        param = "audio" if request.audio is not None else "modalities"
+        raise InvalidRequest("Audio output is not supported; only text.", param=param)
+    tooling.resolve(request)
+    _check_free_form(request)
+
+
+def _check_free_form(request: ChatCompletionRequest) -> None:
+    """Free-form JSON that goes on the bus (MessagePack) must hold 64-bit integers only."""
+    values: list[tuple[Any, str]] = [(request.chat_template_kwargs, "chat_template_kwargs")]
+    for i, message in enumerate(request.messages):
+        values.append((message.tool_calls, f"messages[{i}].tool_calls"))
+        values.append((message.function_call, f"messages[{i}].function_call"))
+    for i, tool in enumerate(request.tools or ()):
+        values.append((tool.function.parameters, f"tools[{i}].function.parameters"))
+    for i, function in enumerate(request.functions or ()):
+        values.append((function.parameters, f"functions[{i}].parameters"))
+    fmt = request.response_format
+    if isinstance(fmt, ResponseFormatJsonSchema):
+        values.append((fmt.json_schema.schema, "response_format.json_schema.schema"))
+    for value, param in values:
+        if value is not None and not _fits_64_bits(value):
+            raise InvalidRequest(
+                f"`{param}` holds an integer that does not fit in 64 bits.", param=param
+            )
+
+
+def _fits_64_bits(value: Any) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _INT_MIN <= value <= _UINT_MAX
+    if isinstance(value, dict):
+        return all(_fits_64_bits(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_fits_64_bits(v) for v in value)
+    return True
+
+
+def _check_completion(request: CompletionRequest) -> None:
+    _check_common(request)
+    _prompt(request.prompt)
+    n = request.n or 1
+    if request.best_of is not None and request.best_of != n:
+        raise InvalidRequest(
+            f"`best_of` is not supported (the server does not pick the best of several "
+            f"sequences); leave it null or equal to `n` ({n}), and ask for `n` choices instead.",
+            param="best_of",
+        )
+    if request.suffix:
+        raise InvalidRequest(
+            "`suffix` is not supported (no insertion / fill-in-the-middle).", param="suffix"
+        )
 
 
 def _check_common(request: ChatCompletionRequest | CompletionRequest) -> None:
     if not request.model:
         raise InvalidRequest("`model` must not be empty.", param="model")
-    if request.n is not None and request.n != 1:
-        raise InvalidRequest("Only `n=1` is supported.", param="n")
-    if request.logprobs:
-        raise InvalidRequest("`logprobs` is not supported.", param="logprobs")
     stop = request.stop
     if isinstance(stop, list):
         if len(stop) > MAX_STOP_SEQUENCES:
@@ -205,6 +281,18 @@ def _check_common(request: ChatCompletionRequest | CompletionRequest) -> None:
             )
         if not all(stop):
             raise InvalidRequest("`stop` sequences must not be empty.", param="stop")
+    if request.logit_bias:
+        for key in request.logit_bias:
+            if not (key.isascii() and key.isdigit() and int(key) < 2**32):
+                raise InvalidRequest(
+                    f"`logit_bias` keys must be token ids (digits); got {key!r}.",
+                    param="logit_bias",
+                )
+    # The routing inputs are checked here too, so a bad one is refused before anything runs.
+    nv.routing(request.nvext, request.cache_salt, NO_HEADERS)
+
+
+# --- mapping -------------------------------------------------------------------------------------
 
 
 def _flag(value: bool | None, *, default: bool) -> bool:
@@ -226,6 +314,8 @@ def _message_dict(index: int, message: ChatMessage) -> dict[str, Any]:
         out["name"] = message.name
     if message.tool_calls is not None:
         out["tool_calls"] = message.tool_calls
+    elif message.function_call is not None:
+        out["tool_calls"] = [{"type": "function", "function": message.function_call}]
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
     if message.reasoning_content is not None:
@@ -254,7 +344,7 @@ def _prompt(prompt: str | list[Any]) -> tuple[str | None, tuple[int, ...] | None
         return prompt, None
     if len(prompt) == 1 and isinstance(prompt[0], str | list):
         return _prompt(prompt[0])
-    if prompt and all(type(t) is int and t >= 0 for t in prompt):
+    if prompt and all(type(t) is int and 0 <= t < 2**32 for t in prompt):
         return None, tuple(prompt)
     if len(prompt) > 1 and all(isinstance(p, str | list) for p in prompt):
         raise InvalidRequest("Only one prompt per request is supported.", param="prompt")
@@ -265,10 +355,15 @@ def _prompt(prompt: str | list[Any]) -> tuple[str | None, tuple[int, ...] | None
 
 
 def _sampling(
-    request: ChatCompletionRequest | CompletionRequest, max_tokens: int | None
+    request: ChatCompletionRequest | CompletionRequest,
+    max_tokens: int | None,
+    logprobs: int | None,
+    guided: Guided | None,
 ) -> SamplingParams:
     defaults = _DEFAULT_SAMPLING
     top_k = request.top_k
+    bias = request.logit_bias
+    ext = request.nvext
     return SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else defaults.max_tokens,
         min_tokens=request.min_tokens or 0,
@@ -281,11 +376,19 @@ def _sampling(
         frequency_penalty=_or(request.frequency_penalty, defaults.frequency_penalty),
         ignore_eos=_flag(request.ignore_eos, default=False),
         stop_token_ids=tuple(request.stop_token_ids or ()),
+        n=request.n or 1,
+        logprobs=logprobs,
+        min_p=_or(request.min_p, defaults.min_p),
+        repetition_penalty=_or(request.repetition_penalty, defaults.repetition_penalty),
+        logit_bias={int(k): v for k, v in bias.items()} if bias else None,
+        greedy=bool(ext is not None and ext.greed_sampling),
+        guided=guided,
     )
 
 
 def _output(
     request: ChatCompletionRequest | CompletionRequest,
+    logprobs: int | None,
     *,
     echo: bool,
     fmt: OutputFormat = "openai",
@@ -302,62 +405,13 @@ def _output(
         include_stop_str_in_output=_flag(request.include_stop_str_in_output, default=False),
         skip_special_tokens=_flag(request.skip_special_tokens, default=True),
         echo=echo,
-        extra_fields=_extra_fields(request),
+        n=request.n or 1,
+        extra_fields=nv.extra_fields(request.nvext),
+        logprobs=logprobs,
+        annotations=nv.annotation_names(request.nvext),
         format=fmt,
         kserve=kserve,
     )
-
-
-def _extra_fields(request: ChatCompletionRequest | CompletionRequest) -> tuple[str, ...]:
-    nvext = request.nvext
-    if nvext is None or not nvext.extra_fields:
-        return ()
-    return tuple(sorted(EXTRA_FIELDS.intersection(nvext.extra_fields)))
-
-
-def _routing(
-    request: ChatCompletionRequest | CompletionRequest, headers: RoutingHeaders
-) -> tuple[RoutingHints | None, str | None]:
-    """``Preprocess.routing`` and ``Preprocess.worker_id`` from ``nvext``, body and headers.
-
-    ``cache_salt`` (body) wins over ``x-tenant-id``; a pinned worker comes from
-    ``nvext.backend_instance_id`` or ``x-worker-instance-id`` (both given must agree).
-    """
-    nvext = request.nvext
-    pinned = nvext.backend_instance_id if nvext is not None else None
-    worker_id = _pinned_worker(None if pinned is None else str(pinned), headers.worker_instance_id)
-    salt = request.cache_salt
-    if salt is None and headers.tenant_id is not None:
-        if len(headers.tenant_id) > MAX_SALT_LEN:
-            raise InvalidRequest(
-                f"`x-tenant-id` may be at most {MAX_SALT_LEN} characters.", param="x-tenant-id"
-            )
-        salt = headers.tenant_id
-    weight = nvext.overlap_score_weight if nvext is not None else None
-    temperature = nvext.router_temperature if nvext is not None else None
-    if salt is None and weight is None and temperature is None:
-        return None, worker_id
-    hints = RoutingHints(
-        overlap_score_weight=weight, router_temperature=temperature, cache_salt=salt
-    )
-    return hints, worker_id
-
-
-def _pinned_worker(from_body: str | None, from_header: str | None) -> str | None:
-    for value, param in (
-        (from_body, "nvext.backend_instance_id"),
-        (from_header, "x-worker-instance-id"),
-    ):
-        if value is not None and not is_token(value):
-            raise InvalidRequest(
-                f"`{param}` must be a worker id (letters, digits, `_` and `-`).", param=param
-            )
-    if from_body is not None and from_header is not None and from_body != from_header:
-        raise InvalidRequest(
-            "`nvext.backend_instance_id` and `x-worker-instance-id` name different workers.",
-            param="nvext.backend_instance_id",
-        )
-    return from_body or from_header
 
 
 def _or(value: float | None, default: float) -> float:

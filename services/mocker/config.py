@@ -6,6 +6,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.mocker.parsers import AUTO, NONE, REASONING_PARSERS, TOOL_PARSERS, resolve_parsers
 from shared.config import CommonConfig, setting
 from shared.kv_stream import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES
 from shared.model_dir import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model_dir
@@ -70,6 +71,18 @@ class MockerConfig(CommonConfig):
         aliases=("JETSERVE_WORKER_TTL_S",),
     )
     context_length: int = setting(0, "Context length override (0 = the model's own)", ge=0)
+    tool_call_parser: str = setting(
+        AUTO,
+        "The model's tool-call syntax, put on its card for the formatter's parser and written "
+        "by the mocker (auto = guessed from the model name, none = no tool calls)",
+        choices=(AUTO, NONE, *TOOL_PARSERS),
+    )
+    reasoning_parser: str = setting(
+        AUTO,
+        "The model's reasoning syntax, put on its card (auto = guessed from the model name, "
+        "none = the model does not reason)",
+        choices=(AUTO, NONE, *REASONING_PARSERS),
+    )
 
     def __post_init__(self) -> None:
         CommonConfig.__post_init__(self)
@@ -82,6 +95,10 @@ class MockerConfig(CommonConfig):
         if self.num_workers == 1:
             return [base]
         return [f"{base}-{i}" for i in range(self.num_workers)]
+
+    def parsers(self) -> tuple[str, str]:
+        """``(tool parser, reasoning parser)`` for the card (empty: none)."""
+        return resolve_parsers(self.model_name, self.tool_call_parser, self.reasoning_parser)
 
     def resolved_model_dir(self) -> Path:
         """The model directory, writing the bundled default on first use."""

@@ -7,6 +7,10 @@ cleanly with the model's real tokenizer. Only the worker reads its local tokeniz
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 CORPUS = """\
 The river town woke slowly on market days. Before the sun cleared the hills, the baker had \
@@ -74,11 +78,18 @@ anyone could eat. The clock, as usual, struck the wrong hour, and nobody minded 
 """
 
 
-def corpus_token_ids(model_dir: Path, text: str = CORPUS) -> tuple[int, ...]:
-    """Tokenize ``text`` with the model's ``tokenizer.json`` (no special tokens added)."""
+def load_tokenizer(model_dir: Path) -> Tokenizer:
+    """The model's ``tokenizer.json``."""
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    return Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+
+
+def corpus_token_ids(
+    model_dir: Path, text: str = CORPUS, *, tokenizer: Tokenizer | None = None
+) -> tuple[int, ...]:
+    """Tokenize ``text`` with the model's ``tokenizer.json`` (no special tokens added)."""
+    tokenizer = tokenizer or load_tokenizer(model_dir)
     ids: list[int] = tokenizer.encode(text, add_special_tokens=False).ids
     if not ids:
         raise ValueError("the mocker corpus tokenized to nothing")

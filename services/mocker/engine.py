@@ -14,7 +14,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from services.mocker import structured
 from services.mocker.kv_cache import KvCache
+from services.mocker.logprobs import is_greedy, token_logprob
 from services.mocker.records import (
     Emission,
     EngineConfig,
@@ -26,7 +28,7 @@ from services.mocker.records import (
 from services.mocker.sequence import EngineRequest
 from services.mocker.timing import PolynomialTiming
 from shared.hashing import SEED, block_hash
-from shared.messages import AnyKvEvent, FinishReason, SamplingParams
+from shared.messages import AnyKvEvent, FinishReason, SamplingParams, TokenLogprob
 
 __all__ = [
     "Emission",
@@ -49,7 +51,10 @@ class Engine:
         *,
         timing: PolynomialTiming | None = None,
         clock: Callable[[], float] = time.monotonic,
+        encode: structured.Encode | None = None,
     ) -> None:
+        """``encode``: the model's tokenizer, for structured output (``sampling.guided``);
+        without it guided requests get corpus text."""
         if not corpus:
             raise ValueError("the corpus must not be empty")
         self.config = config
@@ -62,9 +67,11 @@ class Engine:
         self._corpus = tuple(corpus)
         self._timing = timing or PolynomialTiming()
         self._clock = clock
+        self._encode = encode
         self._waiting: deque[EngineRequest] = deque()
         self._running: list[EngineRequest] = []
-        self._by_id: dict[str, EngineRequest] = {}
+        self._by_id: dict[str, list[EngineRequest]] = {}
+        """A request's sequences still running or waiting (``n`` of them at first)."""
 
     # --- queries ---------------------------------------------------------------------------------
 
@@ -109,8 +116,14 @@ class Engine:
     ) -> None:
         """Queue a request; its output starts at a corpus offset drawn from its seed.
 
+        ``sampling.n`` sequences are queued, one per choice, each at its own offset and seed
+        (as vLLM v1 fans a parent request out): with prefix caching the later ones reuse the
+        prompt blocks the first one computes. ``sampling.guided``: each sequence first emits
+        the structured output ``structured.script`` writes for it.
+
         ``resumed_tokens``: the prompt's last tokens were generated before a migration; the
-        output goes on from where they left off, as if the request had never moved.
+        output goes on from where they left off, as if the request had never moved (``n`` = 1
+        only: a migration restarts one sequence).
         """
         if request_id in self._by_id:
             raise EngineError(f"request {request_id} is already in the engine")
@@ -122,36 +135,55 @@ class Engine:
             raise EngineError("the prompt does not fit in the KV cache")
         if not 0 <= resumed_tokens < len(prompt):
             raise EngineError("resumed_tokens must be below the prompt length")
+        if sampling.n < 1:
+            raise EngineError("n must be at least 1")
+        if resumed_tokens and sampling.n > 1:
+            raise EngineError("a request with n > 1 cannot be resumed")
         original = prompt[: len(prompt) - resumed_tokens]
-        seq = EngineRequest(
-            request_id=request_id,
-            prompt=tuple(prompt),
-            sampling=sampling,
-            eos_token_id=self._eos_for(sampling),
-            cursor=self.start_offset(original, sampling),
-            arrival_s=self._clock(),
-            block_size=self.config.block_size,
-            hash_seed=hash_seed,
-            lora_name=lora_name,
-        )
-        if resumed_tokens:
-            seq.skip_generated(self._corpus, resumed_tokens)
-        self._waiting.append(seq)
-        self._by_id[request_id] = seq
+        seqs = []
+        for choice in range(sampling.n):
+            key = self.seed_key(original, sampling, choice)
+            seq = EngineRequest(
+                request_id=request_id,
+                prompt=tuple(prompt),
+                sampling=sampling,
+                eos_token_id=self._eos_for(sampling),
+                cursor=self.start_offset(original, sampling, choice),
+                arrival_s=self._clock(),
+                block_size=self.config.block_size,
+                hash_seed=hash_seed,
+                lora_name=lora_name,
+                choice=choice,
+                key=key,
+            )
+            if sampling.guided is not None and self._encode is not None:
+                script = structured.script(sampling.guided, key, self._encode)
+                if script is not None and script.ids:  # no ids: a tokenizer-less model
+                    seq.script, seq.script_ends = script.ids, script.ends
+            if resumed_tokens:
+                seq.skip_generated(self._corpus, resumed_tokens)
+            seqs.append(seq)
+        self._waiting.extend(seqs)
+        self._by_id[request_id] = seqs
         self.stats.prompt_tokens += len(prompt)
 
     def cancel(self, request_id: str) -> Emission | None:
-        """Remove a request at once; the final (empty) emission says ``cancelled``."""
-        seq = self._by_id.get(request_id)
-        if seq is None:
+        """Remove a request (all its choices) at once; the final (empty) emission says
+        ``cancelled`` for every choice still running."""
+        seqs = self._by_id.get(request_id)
+        if seqs is None:
             return None
-        self._free(seq)
+        first = seqs[0]
+        for seq in list(seqs):
+            self._free(seq)
         return Emission(
             request_id=request_id,
             token_ids=(),
-            index=len(seq.output),
+            index=len(first.output),
             finish_reason="cancelled",
-            prompt_tokens=len(seq.prompt),
+            prompt_tokens=len(first.prompt),
+            choice=first.choice,
+            done=True,
         )
 
     def cancel_all(self) -> list[Emission]:
@@ -169,6 +201,7 @@ class Engine:
     def step(self) -> StepOutput:
         """Schedule within the budget, compute each scheduled chunk, emit completed requests."""
         emissions: list[Emission] = []
+        finished: list[EngineRequest] = []
         prefill_tokens = decode_seqs = 0
         decode_kv = emit_kv = 0  # KV tokens the step's decodes (or all its emitters) attend to
         for seq, n, decoding in self._schedule():
@@ -180,6 +213,8 @@ class Engine:
             if seq.num_computed == seq.num_tokens:
                 emit_kv += seq.num_computed
                 emissions.append(self._emit(seq))
+                if seq.finished:
+                    finished.append(seq)
         duration_s = prefill_s = 0.0
         if self.config.speedup_ratio > 0:
             prefill_s = self._timing.prefill_ms(prefill_tokens) / 1000.0 / self.config.speedup_ratio
@@ -190,18 +225,23 @@ class Engine:
                 total_kv_tokens=self.config.kv_capacity_tokens,
                 speedup_ratio=self.config.speedup_ratio,
             )
-        for e in emissions:
-            if e.finish_reason is not None:
-                self._free(self._by_id[e.request_id])
+        for seq in finished:
+            self._free(seq)
         return StepOutput(emissions, duration_s, prefill_tokens, decode_seqs, prefill_s)
 
     # --- internals -------------------------------------------------------------------------------
 
-    def start_offset(self, prompt: Sequence[int], sampling: SamplingParams) -> int:
-        """Corpus offset in the first half, from (engine seed, request seed or prompt hash)."""
-        key = sampling.seed if sampling.seed is not None else f"p{block_hash(prompt)}"
-        rng = random.Random(f"{self.config.seed}:{key}")
+    def start_offset(self, prompt: Sequence[int], sampling: SamplingParams, choice: int = 0) -> int:
+        """Corpus offset in the first half, from (engine seed, request seed or prompt hash,
+        choice)."""
+        rng = random.Random(self.seed_key(prompt, sampling, choice))
         return rng.randrange(max(1, len(self._corpus) // 2))
+
+    def seed_key(self, prompt: Sequence[int], sampling: SamplingParams, choice: int = 0) -> str:
+        """(engine seed, request seed or prompt hash, choice): what a sequence's output is a
+        function of."""
+        key = sampling.seed if sampling.seed is not None else f"p{block_hash(prompt)}"
+        return f"{self.config.seed}:{key}" + (f":{choice}" if choice else "")
 
     def _eos_for(self, sampling: SamplingParams) -> int | None:
         if sampling.stop_token_ids:
@@ -298,6 +338,7 @@ class Engine:
 
     def _emit(self, seq: EngineRequest) -> Emission:
         index = len(seq.output)
+        position = seq.resumed + index  # in the sequence as first generated (migrations)
         token, stop_id = seq.next_token(self._corpus)
         seq.append(token)
         finish: FinishReason | None = None
@@ -307,6 +348,22 @@ class Engine:
             finish = "length"
         elif seq.num_tokens > self.config.kv_capacity_tokens:
             finish = "length"  # the next token's KV would not fit even with the cache to itself
+        done = False
+        if finish is not None:
+            seq.finished = True
+            done = all(s.finished for s in self._by_id[seq.request_id])
+        sampling = seq.sampling
+        logprobs: tuple[TokenLogprob, ...] = ()
+        if sampling.logprobs is not None:
+            logprob = token_logprob(
+                token,
+                key=seq.key,
+                position=position,
+                k=sampling.logprobs,
+                greedy=is_greedy(sampling),
+                vocabulary=self._corpus,
+            )
+            logprobs = (logprob,)
         return Emission(
             request_id=seq.request_id,
             token_ids=(token,),
@@ -315,10 +372,16 @@ class Engine:
             stop_token_id=stop_id,
             prompt_tokens=len(seq.prompt) if index == 0 else 0,
             cached_tokens=seq.cached_tokens if index == 0 else 0,
+            choice=seq.choice,
+            logprobs=logprobs,
+            done=done,
         )
 
     def _free(self, seq: EngineRequest) -> None:
-        del self._by_id[seq.request_id]
+        seqs = self._by_id[seq.request_id]
+        seqs.remove(seq)
+        if not seqs:
+            del self._by_id[seq.request_id]
         if seq in self._running:
             self._running.remove(seq)
         else:

@@ -2,7 +2,8 @@
 
 Pure: the service decides *when* to flush (first token and finish at once; otherwise every
 step when sleeping, or when yielding to the event loop at speedup 0); this module decides
-*what* each batch holds (index, prompt/cached tokens on the first, finish and stop id on the last).
+*what* each batch holds (index, prompt/cached tokens on the first, finish and stop id on the last,
+one logprob per token). With ``n`` > 1 each choice has its own buffer, index and last batch.
 """
 
 from __future__ import annotations
@@ -10,7 +11,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.mocker.engine import Emission
-from shared.messages import FinishReason, TokenBatch
+from shared.messages import FinishReason, TokenBatch, TokenLogprob
+
+
+@dataclass(slots=True)
+class _Choice:
+    """The buffer of one of a request's ``n`` sequences."""
+
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    index: int = 0
+    """Position of ``tokens[0]`` in this choice's generated sequence."""
+    has_sent: bool = False
+    finish_reason: FinishReason | None = None
+    stop_token_id: int | None = None
+    sent_finish: bool = False
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.tokens) or (self.finish_reason is not None and not self.sent_finish)
 
 
 @dataclass(slots=True)
@@ -18,19 +37,18 @@ class _Stream:
     stream_to: str
     prompt_tokens: int
     cached_tokens: int
-    tokens: list[int] = field(default_factory=list)
-    index: int = 0
-    """Position of ``tokens[0]`` in the generated sequence."""
-    has_sent: bool = False
-    finish_reason: FinishReason | None = None
-    stop_token_id: int | None = None
+    choices: list[_Choice]
     attempt: int = 0
     reply_to: str = ""
     """The gateway's subject (``Generate.reply_to``), told if the formatter is gone."""
 
+    @property
+    def finished(self) -> bool:
+        return all(c.finish_reason is not None for c in self.choices)
+
 
 class Outbox:
-    """Buffers tokens per open request; ``take`` drains one request into a batch."""
+    """Buffers tokens per open request and choice; ``take`` drains one choice into a batch."""
 
     def __init__(self, worker_id: str) -> None:
         self._worker_id = worker_id
@@ -52,10 +70,12 @@ class Outbox:
         cached_tokens: int = 0,
         attempt: int = 0,
         reply_to: str = "",
+        n: int = 1,
     ) -> None:
-        """Start buffering for a request whose batches go to ``stream_to``."""
+        """Start buffering for a request (``n`` choices) whose batches go to ``stream_to``."""
+        choices = [_Choice() for _ in range(max(1, n))]
         self._streams[request_id] = _Stream(
-            stream_to, prompt_tokens, cached_tokens, attempt=attempt, reply_to=reply_to
+            stream_to, prompt_tokens, cached_tokens, choices, attempt=attempt, reply_to=reply_to
         )
 
     def attempt(self, request_id: str) -> int | None:
@@ -69,47 +89,68 @@ class Outbox:
         return stream.reply_to or None if stream is not None else None
 
     def add(self, emission: Emission) -> bool:
-        """Buffer an emission; True when it should go out now (first batch or the last one)."""
+        """Buffer an emission; True when it should go out now (a choice's first batch or its
+        last one). A ``cancelled`` emission ends every choice still running."""
         stream = self._streams.get(emission.request_id)
-        if stream is None or stream.finish_reason is not None:
+        if stream is None or not 0 <= emission.choice < len(stream.choices):
+            return False
+        choice = stream.choices[emission.choice]
+        if choice.finish_reason is not None:
             return False  # cancelled or finished meanwhile: drop what the step produced
-        if emission.cached_tokens:
+        if emission.cached_tokens and emission.choice == 0:
             stream.cached_tokens = emission.cached_tokens  # known once the engine admitted it
-        stream.tokens.extend(emission.token_ids)
-        if emission.finish_reason is not None:
-            stream.finish_reason = emission.finish_reason
-            stream.stop_token_id = emission.stop_token_id
+        choice.tokens.extend(emission.token_ids)
+        choice.logprobs.extend(emission.logprobs)
+        if emission.finish_reason == "cancelled":
+            for other in stream.choices:
+                if other.finish_reason is None:
+                    other.finish_reason = "cancelled"
+        elif emission.finish_reason is not None:
+            choice.finish_reason = emission.finish_reason
+            choice.stop_token_id = emission.stop_token_id
         if emission.token_ids or emission.finish_reason is not None:
             self._dirty[emission.request_id] = None
-        return not stream.has_sent or stream.finish_reason is not None
+        return not choice.has_sent or choice.finish_reason is not None
 
     def dirty(self) -> list[str]:
         """Requests with buffered tokens or a pending finish, oldest first."""
         return list(self._dirty)
 
     def take(self, request_id: str) -> tuple[str, TokenBatch] | None:
-        """The request's buffered batch and its subject; closes the request when it finished."""
-        self._dirty.pop(request_id, None)
+        """The batch of the request's first choice with something to send, and its subject;
+        the request stays dirty while another choice has something too, and closes once every
+        choice sent its last batch."""
         stream = self._streams.get(request_id)
-        if stream is None or (not stream.tokens and stream.finish_reason is None):
+        pending = [i for i, c in enumerate(stream.choices) if c.pending] if stream else []
+        if stream is None or not pending:
+            self._dirty.pop(request_id, None)
             return None
-        first = not stream.has_sent
+        number = pending[0]
+        choice = stream.choices[number]
+        if len(pending) == 1:
+            self._dirty.pop(request_id, None)
+        first = not choice.has_sent
         batch = TokenBatch(
             request_id=request_id,
-            token_ids=tuple(stream.tokens),
-            index=stream.index,
-            finish_reason=stream.finish_reason,
+            token_ids=tuple(choice.tokens),
+            index=choice.index,
+            finish_reason=choice.finish_reason,
             prompt_tokens=stream.prompt_tokens if first else 0,
             cached_tokens=stream.cached_tokens if first else 0,
             worker_id=self._worker_id,
-            stop_token_id=stream.stop_token_id,
+            stop_token_id=choice.stop_token_id,
             attempt=stream.attempt,
+            choice=number,
+            logprobs=tuple(choice.logprobs),
         )
-        stream.index += len(stream.tokens)
-        stream.tokens = []
-        stream.has_sent = True
-        if stream.finish_reason is not None:
-            del self._streams[request_id]
+        choice.index += len(choice.tokens)
+        choice.tokens = []
+        choice.logprobs = []
+        choice.has_sent = True
+        if choice.finish_reason is not None:
+            choice.sent_finish = True
+            if all(c.sent_finish for c in stream.choices):
+                del self._streams[request_id]
         return stream.stream_to, batch
 
     def close(self, request_id: str) -> None:

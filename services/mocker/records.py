@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.messages import FinishReason
+from shared.messages import FinishReason, TokenLogprob
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,6 +41,12 @@ class Emission:
     stop_token_id: int | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    choice: int = 0
+    """Which of the request's ``n`` sequences produced it (``index`` counts per choice)."""
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """With ``SamplingParams.logprobs``: one per id of ``token_ids``."""
+    done: bool = False
+    """The request's last emission: every choice has finished (or it was cancelled)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,20 @@ class EngineRequest:
     hash_seed: int = SEED
     """Local-hash seed (``shared.hashing.salted_seed``): salted tenants never share blocks."""
     lora_name: str | None = None
+    choice: int = 0
+    """Which of the request's ``n`` sequences this is (each is its own ``EngineRequest``)."""
+    key: str = ""
+    """The request's seed key with the choice: logprobs and scripts are functions of it."""
+    script: tuple[int, ...] = ()
+    """Structured output (``structured.Script``) emitted before any corpus token."""
+    script_ends: bool = False
+    """EOS right after ``script`` (else corpus prose follows it)."""
+    script_pos: int = 0
+    """Next ``script`` position to emit."""
+    resumed: int = 0
+    """Tokens generated before a migration (now the prompt's tail)."""
+    finished: bool = False
+    """This sequence emitted its last token (its siblings may still run)."""
     output: list[int] = field(default_factory=list)
     num_computed: int = 0
     """Tokens (prompt, then generated) whose KV is computed; the last sampled one is not."""
@@ -98,7 +112,10 @@ class EngineRequest:
         wrapped around, as ``next_token`` does while the request may not stop.
         """
         stops = self.sampling.stop_token_ids
-        for _ in range(count):
+        self.resumed += count
+        scripted = min(count, len(self.script) - self.script_pos)
+        self.script_pos += scripted
+        for _ in range(count - scripted):
             for _ in range(2 * len(corpus) + 1):
                 if self.cursor >= len(corpus):
                     self.cursor = 0
@@ -108,9 +125,18 @@ class EngineRequest:
                     break
 
     def next_token(self, corpus: tuple[int, ...]) -> tuple[int, int | None]:
-        """The next corpus token, or EOS at the corpus end; a stop id also returns itself."""
+        """The next script token, then (a complete structured answer) EOS, or the next corpus
+        token, or EOS at the corpus end; a stop id also returns itself."""
         sampling = self.sampling
         may_stop = len(self.output) >= sampling.min_tokens
+        if self.script_pos < len(self.script):
+            token = self.script[self.script_pos]
+            self.script_pos += 1
+            stop = token in sampling.stop_token_ids and may_stop
+            return token, token if stop else None
+        eos = self.eos_token_id
+        if self.script_ends and may_stop and not sampling.ignore_eos and eos is not None:
+            return eos, eos
         for _ in range(2 * len(corpus) + 1):
             if self.cursor >= len(corpus):
                 if may_stop and not sampling.ignore_eos and self.eos_token_id is not None:

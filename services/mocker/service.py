@@ -52,11 +52,14 @@ class Mocker:
         if model is None:
             model = self._model = await asyncio.to_thread(load_model_info, self.config)
         js = self._nc.jetstream()
+        tool_parser, reasoning_parser = self.config.parsers()
         card = ModelCard(
             model=self.config.model_name,
             context_length=model.context_length,
             eos_token_ids=model.eos_token_ids,
             created=model.created,
+            tool_parser=tool_parser,
+            reasoning_parser=reasoning_parser,
         )
         replicas = self.config.js_replicas
         await publish_model(js, self._subjects, card, model.model_dir, replicas=replicas)

@@ -98,7 +98,7 @@ class MockWorker:
         self._config = config
         self._model = model
         self._boundary = Boundary(nc, metrics.service)
-        self.engine = Engine(engine_config(config, model), model.corpus)
+        self.engine = Engine(engine_config(config, model), model.corpus, encode=model.encode)
         self.publisher = WorkerPublisher(
             nc,
             subjects,
@@ -263,6 +263,7 @@ class MockWorker:
             prompt_tokens=prompt_tokens,
             attempt=gen.attempt,
             reply_to=gen.reply_to,
+            n=gen.sampling.n,
         )
         log.debug("request_received", prompt_tokens=prompt_tokens)
         self._idle.clear()
@@ -335,29 +336,29 @@ class MockWorker:
         await self._flush(self._outbox.dirty())
 
     async def _phases(self, emissions: list[Emission]) -> None:
-        """``prefill_done`` with a request's first token, ``finished`` with its last batch."""
+        """``prefill_done`` with a request's first token, ``finished`` with its last batch (of
+        its last choice)."""
         for e in emissions:
-            if e.index == 0 and e.token_ids:
+            if e.index == 0 and e.token_ids and e.choice == 0:
                 await self.publisher.phase(e.request_id, "prefill_done")
-            if e.finish_reason is not None:
+            if e.done:
                 await self.publisher.phase(e.request_id, "finished")
 
     async def _flush(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
-            taken = self._outbox.take(request_id)
-            if taken is None:
-                continue
-            stream_to, batch = taken
-            reply = self._unreachable.reply_for(request_id)
-            await self._nc.publish(stream_to, codec.encode(batch), reply=reply)
-            if batch.finish_reason is not None:
-                log.debug(
-                    "request_finished",
-                    request_id=request_id,
-                    worker_id=self.worker_id,
-                    finish_reason=batch.finish_reason,
-                    completion_tokens=batch.index + len(batch.token_ids),
-                )
+            while (taken := self._outbox.take(request_id)) is not None:  # one batch per choice
+                stream_to, batch = taken
+                reply = self._unreachable.reply_for(request_id)
+                await self._nc.publish(stream_to, codec.encode(batch), reply=reply)
+                if batch.finish_reason is not None:
+                    log.debug(
+                        "request_finished",
+                        request_id=request_id,
+                        worker_id=self.worker_id,
+                        finish_reason=batch.finish_reason,
+                        completion_tokens=batch.index + len(batch.token_ids),
+                        choice=batch.choice,
+                    )
 
     # --- liveness: pings and bounces (decision 018) -----------------------------------------------
 

@@ -7,15 +7,15 @@ typed ``ServiceError``; nothing here logs or touches the bus.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
-from services.preprocessor import chat_template
+from services.preprocessor import chat_template, guided
 from services.preprocessor.tokenizer import ModelAssets
 from shared.errors import ContextLengthExceeded, InvalidRequest
-from shared.messages import Generate, Preprocess, SamplingParams, StreamOpen
+from shared.messages import Generate, OutputOptions, Preprocess, SamplingParams, StreamOpen
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +26,10 @@ class Prepared:
     sampling: SamplingParams
     prompt_text: str = ""
     """The text to echo back (``output.echo`` only)."""
+    output: OutputOptions = field(default_factory=OutputOptions)
+    """The request's output options with the model's parsers resolved (``guided.resolve``)."""
+    formatted_prompt: str = ""
+    """The prompt text as the engine gets it, kept only for ``nvext.annotations``."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -37,9 +41,15 @@ def prepare(req: Preprocess, assets: ModelAssets, rendered: str | None = None) -
 
     ``rendered``: the chat prompt ``rendered_chat`` already made for this request, if any.
     """
-    if req.api == "chat":
+    prompt_text: str | None = None
+    if req.api == "chat" and req.prompt_token_ids is not None:  # nvext.token_data
+        token_ids = check_token_ids(req.prompt_token_ids, assets.vocab_size)
+        prompt_text = assets.decode(token_ids)
+        echo = ""
+    elif req.api == "chat":
         if rendered is None:
             rendered = rendered_chat(req, assets)
+        prompt_text = rendered
         token_ids = tuple(assets.encode(rendered, add_special_tokens=False))
         echo = (
             _chat_echo(req, chat_template.normalize_messages(req.messages))
@@ -50,6 +60,7 @@ def prepare(req: Preprocess, assets: ModelAssets, rendered: str | None = None) -
         token_ids = check_token_ids(req.prompt_token_ids, assets.vocab_size)
         echo = assets.decode(token_ids) if req.output.echo else ""
     elif req.prompt is not None:
+        prompt_text = req.prompt
         token_ids = tuple(assets.encode(req.prompt, add_special_tokens=True))
         echo = req.prompt if req.output.echo else ""
     else:
@@ -65,13 +76,30 @@ def prepare(req: Preprocess, assets: ModelAssets, rendered: str | None = None) -
     stop_ids = resolve_stop_token_ids(
         req.sampling.stop_token_ids, assets.eos_token_ids, ignore_eos=req.sampling.ignore_eos
     )
-    sampling = msgspec.structs.replace(req.sampling, max_tokens=max_tokens, stop_token_ids=stop_ids)
-    return Prepared(token_ids=token_ids, sampling=sampling, prompt_text=echo)
+    resolved, output = guided.resolve(req, assets, prompt_text)
+    sampling = msgspec.structs.replace(
+        req.sampling, max_tokens=max_tokens, stop_token_ids=stop_ids, guided=resolved
+    )
+    formatted = (prompt_text or "") if "formatted_prompt" in req.output.annotations else ""
+    return Prepared(
+        token_ids=token_ids,
+        sampling=sampling,
+        prompt_text=echo,
+        output=output,
+        formatted_prompt=formatted,
+    )
 
 
 def rendered_chat(req: Preprocess, assets: ModelAssets) -> str:
-    """A chat request's prompt text, templated (for ``prepare(..., rendered=)``)."""
-    return render_chat(req, chat_template.normalize_messages(req.messages), assets)
+    """A chat request's prompt text, templated (for ``prepare(..., rendered=)``); with
+    ``use_raw_prompt`` the messages' text contents as they are, one per line."""
+    messages = chat_template.normalize_messages(req.messages)
+    if req.use_raw_prompt:
+        text = "\n".join(str(m["content"]) for m in messages if m.get("content"))
+        if not text:
+            raise InvalidRequest("use_raw_prompt needs message text", param="messages")
+        return text
+    return render_chat(req, messages, assets)
 
 
 def render_chat(req: Preprocess, messages: Sequence[dict[str, Any]], assets: ModelAssets) -> str:
@@ -128,8 +156,13 @@ def stream_open(
     req: Preprocess, prepared: Prepared, *, migration_limit: int = 0, max_seq_len: int = 0
 ) -> StreamOpen:
     """What the formatter needs to shape this request's output (and, with a migration limit,
-    to route it again: the ``Generate``, whose ``stream_to`` the formatter fills in)."""
-    migratable = migration_limit > 0 and req.worker_id is None
+    to route it again: the ``Generate``, whose ``stream_to`` the formatter fills in).
+
+    A request with ``n`` > 1 is never migrated: a migration resumes one sequence from the
+    tokens the formatter saw (decision 017), while such a request has ``n`` sequences, each
+    with its own generated tail, which one ``Generate`` with ``resumed_tokens`` cannot carry.
+    """
+    migratable = migration_limit > 0 and req.worker_id is None and prepared.sampling.n == 1
     return StreamOpen(
         request_id=req.request_id,
         api=req.api,
@@ -137,13 +170,36 @@ def stream_open(
         reply_to=req.reply_to,
         created=req.created,
         prompt_tokens=prepared.prompt_tokens,
-        output=req.output,
+        output=prepared.output,
         max_tokens=prepared.sampling.max_tokens,
         prompt_text=prepared.prompt_text,
+        tools=_parsed_tools(prepared),
+        annotations=annotation_payloads(req, prepared),
         generate=generate(req, prepared, "") if migratable else None,
         migration_limit=migration_limit if migratable else 0,
         migration_max_seq_len=max_seq_len,
     )
+
+
+def annotation_payloads(req: Preprocess, prepared: Prepared) -> tuple[tuple[str, str], ...]:
+    """``StreamOpen.annotations``: each asked-for annotation's JSON payload (Dynamo's names)."""
+    values: dict[str, Any] = {
+        "request_id": req.request_id,
+        "formatted_prompt": prepared.formatted_prompt,
+        "token_ids": prepared.token_ids,
+    }
+    return tuple(
+        (name, msgspec.json.encode(values[name]).decode())
+        for name in req.output.annotations
+        if name in values
+    )
+
+
+def _parsed_tools(prepared: Prepared) -> tuple[dict[str, Any], ...]:
+    guided = prepared.sampling.guided
+    if guided is None or not prepared.output.tool_parser:
+        return ()
+    return guided.tools
 
 
 def generate(req: Preprocess, prepared: Prepared, stream_to: str) -> Generate:

@@ -32,8 +32,10 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from structlog.contextvars import bound_contextvars
 
+from services.preprocessor import embed
 from services.preprocessor.assets import AssetCache
 from services.preprocessor.config import PreprocessorConfig
+from services.preprocessor.count import Counter
 from services.preprocessor.formatters import FormatterPool
 from services.preprocessor.prepare import (
     Prepared,
@@ -150,6 +152,12 @@ class Preprocessor:
         self._sub = await self._nc.subscribe(
             self._subjects.preprocess, queue=QUEUE, cb=on_preprocess
         )
+        await embed.subscribe(
+            self._nc, self._subjects, self._assets, self._boundary, self._bounces, self._tasks
+        )
+        # /v1/messages/count_tokens (count.py): request/reply, in the same queue group.
+        counter = Counter(self._assets.get, self._tasks, clock=self._clock)
+        await self._nc.subscribe(self._subjects.count_tokens, queue=QUEUE, cb=counter.on_message)
         await barrier(self._nc)
 
     async def stop(self) -> None:

@@ -53,6 +53,10 @@ class ModelAssets:
     special_tokens: Mapping[str, Any] = field(default_factory=dict)
     segments: SegmentEncoder | None = None
     """Piecewise encoder with a cache of long pieces (shared system prompts), when verified."""
+    tool_parser: str = ""
+    """The model's tool-call syntax (``ModelCard.tool_parser``; empty: none)."""
+    reasoning_parser: str = ""
+    """The model's reasoning syntax (``ModelCard.reasoning_parser``; empty: none)."""
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         """Token ids of ``text``."""
@@ -106,6 +110,8 @@ def load_assets(
         vocab_size=vocab_size,
         chat_templates=templates,
         special_tokens=special_tokens(tok_config),
+        tool_parser=card.tool_parser,
+        reasoning_parser=card.reasoning_parser,
     )
 
 

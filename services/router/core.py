@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from services.router.approx import ApproxIndex
 from services.router.load import ActiveLoad, BusyThresholds, WorkerReports, is_busy
 from services.router.policy import Policy, build_policy
-from services.router.selection import pick, worker_cost
+from services.router.selection import allowed_workers, pick, worker_cost
 from services.router.sync import KvSync
 from shared.errors import (
     AllWorkersBusy,
@@ -183,8 +183,13 @@ class RoutingCore:
                 "(nvext.backend_instance_id or the x-worker-instance-id header)",
                 param="worker_id",
             )
+        allowed = gen.routing.allowed_worker_ids if gen.routing is not None else None
+        live = allowed_workers(live, allowed)
         if not live:
-            raise NoWorkerAvailable(f"no live worker serves model {gen.model}", retry_after_s=1.0)
+            among = " among nvext.allowed_worker_ids" if allowed is not None else ""
+            raise NoWorkerAvailable(
+                f"no live worker serves model {gen.model}{among}", retry_after_s=1.0
+            )
         return sorted(live, key=lambda c: c.worker_id)
 
     def _is_busy(self, card: WorkerCard, now: float) -> bool:

@@ -23,7 +23,7 @@ import math
 import random
 from collections.abc import Sequence
 
-from shared.messages import Candidate
+from shared.messages import Candidate, WorkerCard
 
 
 def worker_cost(
@@ -79,3 +79,15 @@ def softmax_weights(costs: Sequence[float], temperature: float) -> list[float]:
     weights = [math.exp(-(c - low) / scale) for c in costs]
     total = sum(weights)
     return [w / total for w in weights]
+
+
+def allowed_workers(
+    live: Sequence[WorkerCard], allowed: Sequence[str] | None
+) -> Sequence[WorkerCard]:
+    """The live workers a request may go to: all of them, or those ``nvext.allowed_worker_ids``
+    names (``RoutingHints.allowed_worker_ids``). An empty result is the caller's "no live
+    worker" error, as if the model had none."""
+    if allowed is None:
+        return live
+    names = frozenset(allowed)
+    return [card for card in live if card.worker_id in names]

@@ -27,6 +27,7 @@ from structlog.contextvars import bound_contextvars
 
 from services.router.config import RouterConfig
 from services.router.core import CoreSettings, RoutingCore
+from services.router.embeds import EmbedRouting
 from services.router.kv_feed import KvFeed
 from services.router.liveness import Liveness
 from services.router.load import ActiveLoad, BusyThresholds, WorkerReports
@@ -119,6 +120,7 @@ class Router:
             reports=WorkerReports(config.load_stale_s),
         )
         self.core.approx.ttl_s = config.router_ttl_s
+        self.embeds = EmbedRouting(nc, self._subjects, self._boundary, self.live, self.core.reports)
         self.feed: KvFeed | None = None
         self.snapshots: SnapshotWriter | None = None
         self._rng = random.Random(config.seed)
@@ -167,6 +169,7 @@ class Router:
         self._tasks.spawn(self._answer_queries_later(), name="router-route-status")
         on_route = on(codec.decoder(Generate), "route", self.on_route, reply_to=_stream_to)
         self._route_sub = await self._nc.subscribe(subjects.route, queue=QUEUE_GROUP, cb=on_route)
+        await self.embeds.start()
         await barrier(self._nc)  # the server knows the subscriptions before we say "started"
         log.info(
             "router_started",
@@ -212,6 +215,7 @@ class Router:
         """Stop taking requests (finishing those already received), then stop following."""
         if self._route_sub is not None:
             await drain_subscription(self._route_sub)
+        await self.embeds.stop()
         await self._tasks.close()
         for sub in self._subs:
             with contextlib.suppress(Exception):

@@ -59,7 +59,7 @@ async def test_metrics_count_a_request_in_every_request_path_service(
         await client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4)
         with pytest.raises(openai.BadRequestError):
             await client.chat.completions.create(
-                model=MODEL, messages=CHAT, max_tokens=4, extra_body={"n": 2}
+                model=MODEL, messages=CHAT, max_tokens=4, extra_body={"n": 0}
             )
     finally:
         await client.close()

@@ -608,3 +608,18 @@ def _spawn_gateway(port: int, env: dict[str, str], log_path: Path) -> subprocess
 
 def _text(path: Path) -> str:
     return path.read_text()
+
+
+async def test_a_reused_request_id_goes_out_under_a_fresh_bus_id(
+    ready: FakeDownstream, http: httpx.AsyncClient
+) -> None:
+    """Services remember finished ids (decision 013): a client reusing its ``X-Request-Id``
+    used to meet that memory and wait ~2 s for a resubmit (found by the fuzz run)."""
+    first = await http.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "same"})
+    sent_first = await ready.next_request()
+    second = await http.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "same"})
+    sent_second = await ready.next_request()
+    assert first.headers["x-request-id"] == second.headers["x-request-id"] == "same"
+    assert sent_first.request_id == "same"
+    assert sent_second.request_id.startswith("same-")
+    assert sent_second.reply_to.endswith(sent_second.request_id)

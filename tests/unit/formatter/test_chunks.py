@@ -10,8 +10,9 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from services.formatter import chunks
+from services.formatter.pieces import Content
 from services.formatter.request import RequestFormatter
+from services.formatter.shapers import openai_chat, openai_completion, shaper_for
 from shared import sse
 from shared.errors import InternalError
 from shared.messages import Api, OutputOptions, StreamOpen, TokenBatch
@@ -228,21 +229,21 @@ class TestCompletions:
 @pytest.mark.parametrize("api", ["chat", "completion"])
 def test_content_frame_template_matches_the_struct_path(text: str, api: Api) -> None:
     open_ = stream_open(api, stream=True, include_usage=True)
-    shaper = chunks.shaper_for(open_)
+    shaper = shaper_for(open_)
     if api == "chat":
-        obj: msgspec.Struct = chunks.ChatCompletionChunk(
+        obj: msgspec.Struct = openai_chat.ChatCompletionChunk(
             id="chatcmpl-r1",
             created=open_.created,
             model=open_.model,
-            choices=[chunks.ChunkChoice(delta=chunks.Delta(content=text))],
+            choices=[openai_chat.ChunkChoice(delta=openai_chat.Delta(content=text))],
             usage=None,
         )
     else:
-        obj = chunks.Completion(
+        obj = openai_completion.Completion(
             id="cmpl-r1",
             created=open_.created,
             model=open_.model,
-            choices=[chunks.CompletionChoice(text=text)],
+            choices=[openai_completion.CompletionChoice(text=text)],
             usage=None,
         )
-    assert shaper.delta(text) == sse.frame(msgspec.json.encode(obj))
+    assert shaper.delta(0, [Content(text)]) == sse.frame(msgspec.json.encode(obj))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.formatter import chunks
 from services.formatter.request import RequestFormatter
+from services.formatter.shapers import KServeShaper, shaper_for
 from shared.messages import KServeOutput, TokenBatch
 from tests.unit.formatter.test_text_format import batches, run, stream_open, token_count
 from tests.unit.test_kserve_wire import parsed
@@ -39,7 +39,7 @@ def texts_of(data: bytes) -> list[tuple[bytes, str | None, bool]]:
 
 
 def test_shaper_for_the_kserve_format() -> None:
-    assert isinstance(chunks.shaper_for(stream_open(format="kserve")), chunks.KServeChunks)
+    assert isinstance(shaper_for(stream_open(format="kserve")), KServeShaper)
 
 
 def test_each_batch_is_one_delta_and_the_finish_a_last_message(tokenizer: Any) -> None:

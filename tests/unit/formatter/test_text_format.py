@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from services.formatter import chunks
 from services.formatter.request import RequestFormatter
+from services.formatter.shapers import TextShaper, shaper_for
 from shared.errors import InternalError, ServiceUnavailable
 from shared.messages import Api, OutputOptions, StreamOpen, TokenBatch
 
@@ -60,8 +60,8 @@ def token_count(tokenizer: Any, texts: list[str]) -> int:
 
 @pytest.mark.parametrize("api", ["chat", "completion"])
 def test_shaper_for_text_format_is_text_chunks_for_either_api(api: Api) -> None:
-    shaper = chunks.shaper_for(stream_open(api, format="text"))
-    assert isinstance(shaper, chunks.TextChunks)
+    shaper = shaper_for(stream_open(api, format="text"))
+    assert isinstance(shaper, TextShaper)
 
 
 class TestStreaming:

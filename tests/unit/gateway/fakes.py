@@ -67,6 +67,9 @@ class FakeBus:
     def reply_subject(self, request_id: str) -> str:
         return f"gw.{request_id}"
 
+    def bus_id(self, request_id: str) -> str:
+        return request_id
+
     async def submit(self, request: Preprocess) -> Reply:
         if self.submit_error is not None:
             raise self.submit_error

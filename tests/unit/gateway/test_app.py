@@ -71,8 +71,14 @@ async def test_openapi_describes_the_inference_endpoints(http: AsyncTestClient[A
         schema: dict[str, Any] = schemas[ref.rpartition("/")[2]]
         return schema
 
-    assert set(document["paths"]) == {"/v1/chat/completions", "/v1/completions"}
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health"} <= set(
+        document["paths"]
+    )
     assert "messages" in body_schema("/v1/chat/completions")["required"]
     assert "prompt" in body_schema("/v1/completions")["required"]
     assert set(schemas["ErrorDetail"]["properties"]) == {"message", "type", "code", "param"}
-    assert (await http.get("/docs")).status_code == 404
+    docs = await http.get("/docs")
+    assert docs.status_code == 200
+    assert docs.headers["content-type"].startswith("text/html")
+    assert "SwaggerUIBundle" in docs.text
+    assert (await http.get("/")).status_code == 404

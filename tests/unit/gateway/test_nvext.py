@@ -73,10 +73,32 @@ class TestRouting:
         req = chat(RoutingHeaders(tenant_id="acme"))
         assert req.routing == RoutingHints(cache_salt="acme")
 
-    def test_body_salt_wins_over_the_tenant_header(self) -> None:
+    def test_body_salt_is_scoped_inside_the_tenant(self) -> None:
         req = chat(RoutingHeaders(tenant_id="acme"), cache_salt="s")
+        other = chat(RoutingHeaders(tenant_id="evil"), cache_salt="s")
         assert req.routing is not None
-        assert req.routing.cache_salt == "s"
+        assert other.routing is not None
+        # Neither the tenant alone nor the body salt alone: a body cannot escape its tenant.
+        assert req.routing.cache_salt == "4:acme:s"
+        assert req.routing.cache_salt not in ("acme", "s", other.routing.cache_salt)
+
+    def test_body_cannot_pose_as_another_tenant(self) -> None:
+        tenant_b = chat(RoutingHeaders(tenant_id="b")).routing
+        posing = chat(RoutingHeaders(tenant_id="a"), cache_salt="b").routing
+        assert tenant_b is not None
+        assert posing is not None
+        assert tenant_b.cache_salt != posing.cache_salt
+
+    def test_nvext_cache_salt_is_the_body_salt(self) -> None:
+        req = chat(nvext={"cache_salt": "step_7"})
+        assert req.routing == RoutingHints(cache_salt="step_7")
+        assert chat(nvext={"cache_salt": "x"}, cache_salt="x").routing == RoutingHints(
+            cache_salt="x"
+        )
+
+    def test_nvext_salt_wins_over_the_top_level_one_as_in_dynamo(self) -> None:
+        req = chat(nvext={"cache_salt": "canonical"}, cache_salt="fallback")
+        assert req.routing == RoutingHints(cache_salt="canonical")
 
     def test_overlong_tenant_header_is_rejected(self) -> None:
         assert error(RoutingHeaders(tenant_id="x" * 257)).param == "x-tenant-id"
@@ -111,8 +133,8 @@ class TestExtraFields:
         assert req.output.extra_fields == ("worker_id",)
 
     def test_unknown_extra_fields_are_ignored(self) -> None:
-        req = chat(nvext={"extra_fields": ["timing", "worker_id", "worker_id"]})
-        assert req.output.extra_fields == ("worker_id",)
+        req = chat(nvext={"extra_fields": ["routed_experts", "timing", "worker_id", "worker_id"]})
+        assert req.output.extra_fields == ("timing", "worker_id")
 
     def test_completions_take_nvext_too(self) -> None:
         body = msgspec.json.encode(
@@ -129,6 +151,33 @@ class TestExtraFields:
 
 
 class TestHeaders:
+    def test_dynamo_worker_header_pins_and_wins_over_its_alias(self) -> None:
+        raw = [(b"x-worker-instance-id", b"w1"), (b"x-dynamo-worker-instance-id", b"w2")]
+        headers = routing_headers(raw)
+        assert headers.worker_instance_id == "w2"
+        assert chat(headers).worker_id == "w2"
+        wrong = error(headers, nvext={"backend_instance_id": "w1"})
+        assert "`x-dynamo-worker-instance-id`" in wrong.message
+
+    @pytest.mark.parametrize(
+        ("raw", "param"),
+        [
+            ((b"x-dynamo-worker-instance-id", b"a.b"), "x-dynamo-worker-instance-id"),
+            ((b"x-worker-instance-id", b"a b"), "x-worker-instance-id"),
+            ((b"x-tenant-id", b"t" * 257), "x-tenant-id"),
+        ],
+    )
+    def test_malformed_header_values_are_refused_at_once(
+        self, raw: tuple[bytes, bytes], param: str
+    ) -> None:
+        with pytest.raises(InvalidRequest) as caught:
+            routing_headers([raw])
+        assert caught.value.param == param
+
+    def test_dynamo_headers_without_effect_are_harmless(self) -> None:
+        raw = [(b"x-dynamo-prefill-instance-id", b"3"), (b"x-dp-rank", b"0")]
+        assert routing_headers(raw) is NO_HEADERS
+
     def test_routing_headers_are_picked_from_raw_asgi_headers(self) -> None:
         raw = [(b"x-tenant-id", b"acme"), (b"x-worker-instance-id", b" w1 "), (b"a", b"b")]
         assert routing_headers(raw) == RoutingHeaders(tenant_id="acme", worker_instance_id="w1")

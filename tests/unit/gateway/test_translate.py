@@ -70,9 +70,9 @@ class TestChatValidation:
     def test_max_tokens_below_1_is_invalid(self, field: str) -> None:
         assert chat_error({"model": "m", "messages": [USER], field: 0}).param == field
 
-    def test_n_other_than_1_is_invalid(self) -> None:
-        error = chat_error({"model": "m", "messages": [USER], "n": 2})
-        assert (error.param, error.message) == ("n", "Only `n=1` is supported.")
+    @pytest.mark.parametrize("n", [0, 129])
+    def test_n_outside_1_to_128_is_invalid(self, n: int) -> None:
+        assert chat_error({"model": "m", "messages": [USER], "n": n}).param == "n"
 
     def test_empty_messages_is_invalid(self) -> None:
         assert chat_error({"model": "m", "messages": []}).param == "messages"
@@ -97,11 +97,17 @@ class TestChatValidation:
         body = {"model": "m", "messages": [USER], "stop": ["a", "b", "c", "d", "e"]}
         assert chat_error(body).param == "stop"
 
-    def test_logprobs_are_refused(self) -> None:
-        assert chat_error({"model": "m", "messages": [USER], "logprobs": True}).param == "logprobs"
+    def test_integer_logprobs_are_invalid_for_chat(self) -> None:
+        assert chat_error({"model": "m", "messages": [USER], "logprobs": 2}).param == "logprobs"
 
-    def test_unknown_fields_are_ignored(self) -> None:
-        assert chat(response_format={"type": "text"}, frobnicate=1).model == "m"
+    def test_unknown_fields_are_refused_naming_them(self) -> None:
+        error = chat_error({"model": "m", "messages": [USER], "frobnicate": 1, "zap": 2})
+        assert error.param == "frobnicate"
+        assert "`frobnicate`, `zap`" in error.message
+
+    def test_unknown_fields_are_ignored_when_allowed(self) -> None:
+        body = msgspec.json.encode({"model": "m", "messages": [USER], "frobnicate": 1})
+        assert parse_chat(body, allow_unknown=True).model == "m"
 
     def test_explicit_nulls_mean_defaults(self) -> None:
         request = chat(stream=None, n=None, temperature=None, stop=None)
@@ -186,6 +192,7 @@ class TestChatMapping:
     def test_tools_are_passed_unless_tool_choice_is_none(self) -> None:
         tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
         assert chat(tools=tools).tools == tuple(tools)
+        assert chat(tools=tools).sampling.guided is not None
         assert chat(tools=tools, tool_choice="none").tools is None
 
     def test_template_options_are_passed(self) -> None:

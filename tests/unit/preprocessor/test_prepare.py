@@ -245,3 +245,34 @@ def test_a_pre_rendered_chat_prompt_gives_the_same_result(qwen_assets: ModelAsse
     req = request()
     rendered = rendered_chat(req, qwen_assets)
     assert prepare(req, qwen_assets, rendered) == prepare(req, qwen_assets)
+
+
+def test_nvext_token_data_on_chat_skips_the_template(qwen_assets: ModelAssets) -> None:
+    ids = tuple(qwen_assets.encode("Hello there", add_special_tokens=False))
+    req = request(api="chat", messages=({"role": "user", "content": "ignored"},))
+    prepared = prepare(msgspec.structs.replace(req, prompt_token_ids=ids), qwen_assets)
+    assert prepared.token_ids == ids
+    with pytest.raises(InvalidRequest, match="out of vocabulary"):
+        prepare(msgspec.structs.replace(req, prompt_token_ids=(10**9,)), qwen_assets)
+
+
+def test_use_raw_prompt_tokenizes_the_messages_as_they_are(qwen_assets: ModelAssets) -> None:
+    messages = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"})
+    templated = prepare(request(api="chat", messages=messages), qwen_assets)
+    raw = prepare(request(api="chat", messages=messages, use_raw_prompt=True), qwen_assets)
+    assert qwen_assets.decode(raw.token_ids) == "Be brief.\nHi"
+    assert len(raw.token_ids) < len(templated.token_ids)
+
+
+def test_annotations_carry_what_the_client_asked_for(qwen_assets: ModelAssets) -> None:
+    messages = ({"role": "user", "content": "Hi"},)
+    output = OutputOptions(annotations=("token_ids", "formatted_prompt", "request_id"))
+    req = request(api="chat", messages=messages, output=output)
+    prepared = prepare(req, qwen_assets)
+    names = [name for name, _ in stream_open(req, prepared).annotations]
+    assert names == ["token_ids", "formatted_prompt", "request_id"]
+    notes = dict(stream_open(req, prepared).annotations)
+    assert msgspec.json.decode(notes["token_ids"]) == list(prepared.token_ids)
+    assert msgspec.json.decode(notes["formatted_prompt"]).endswith("<|im_start|>assistant\n")
+    assert msgspec.json.decode(notes["request_id"]) == req.request_id
+    assert stream_open(request(api="chat", messages=messages), prepared).annotations == ()

@@ -297,3 +297,18 @@ def test_removed_worker_loses_index_and_load() -> None:
     core.commit(core.decide(_gen(), _cards("w1"), now=0, rng=RNG), 0)
     assert core.remove_worker("w1")
     assert core.known_workers() == set()
+
+
+class TestAllowedWorkers:
+    def test_only_allowed_workers_are_candidates_even_against_the_cache(self) -> None:
+        core = _core()
+        core.sync.index.store("w2", prefix_hashes(PREFIX, 16))
+        hints = RoutingHints(allowed_worker_ids=("w1", "w3"))
+        decision = core.decide(_gen(routing=hints), _cards("w1", "w2", "w3"), now=0, rng=RNG)
+        assert decision.worker_id in {"w1", "w3"}
+        assert [c.worker_id for c in decision.candidates] == ["w1", "w3"]
+
+    def test_no_allowed_worker_alive_is_no_worker_available(self) -> None:
+        hints = RoutingHints(allowed_worker_ids=("gone",))
+        with pytest.raises(NoWorkerAvailable, match="allowed_worker_ids"):
+            _core().decide(_gen(routing=hints), _cards("w1"), now=0, rng=RNG)

@@ -1,0 +1,1 @@
+"""The mock embedding worker: deterministic, unit-length vectors from token ids."""

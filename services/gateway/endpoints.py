@@ -1,0 +1,105 @@
+"""The inference endpoints ``Relay`` serves: path, how a body becomes a ``Preprocess``, and the
+API's error dialect. Pure.
+
+Every endpoint parses its body (``allow_unknown``: ``--allow-unknown-fields``) into ``Parsed``:
+the model to check and a function that makes the bus request once the request id, reply subject
+and deadline are known. ``generate`` endpoints answer with the formatter's bytes (a JSON body or
+an SSE stream); ``count_tokens`` asks the preprocessors how many prompt tokens the request makes
+and answers ``{"input_tokens": N}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Literal
+
+from services.gateway import anthropic_api, responses_api
+from services.gateway.anthropic_api import (
+    messages_to_preprocess,
+    parse_count_tokens,
+    parse_messages,
+)
+from services.gateway.nvext import RoutingHeaders
+from services.gateway.responses import ANTHROPIC, OPENAI, RESPONSES, ErrorDialect
+from services.gateway.responses_api import parse_responses, responses_to_preprocess
+from services.gateway.translate import (
+    chat_to_preprocess,
+    completion_to_preprocess,
+    parse_chat,
+    parse_completion,
+)
+from shared.messages import Preprocess
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+MESSAGES_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+RESPONSES_PATH = "/v1/responses"
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A checked request: its model, and how to make its bus form.
+
+    ``to_preprocess(request_id=, reply_to=, created=, deadline_ms=)`` -> ``Preprocess``.
+    """
+
+    model: str
+    to_preprocess: Callable[..., Preprocess]
+
+
+Parse = Callable[[bytes, RoutingHeaders, bool], Parsed]
+"""``(body, routing headers, allow_unknown) -> Parsed``; raises ``InvalidRequest``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    path: str
+    parse: Parse
+    dialect: ErrorDialect = OPENAI
+    kind: Literal["generate", "count_tokens"] = "generate"
+
+
+def _chat(body: bytes, headers: RoutingHeaders, allow_unknown: bool) -> Parsed:
+    request = parse_chat(body, allow_unknown=allow_unknown)
+    return Parsed(request.model, partial(chat_to_preprocess, request, headers=headers))
+
+
+def _completion(body: bytes, headers: RoutingHeaders, allow_unknown: bool) -> Parsed:
+    request = parse_completion(body, allow_unknown=allow_unknown)
+    return Parsed(request.model, partial(completion_to_preprocess, request, headers=headers))
+
+
+def _messages(body: bytes, headers: RoutingHeaders, allow_unknown: bool) -> Parsed:
+    request = parse_messages(body, allow_unknown=allow_unknown)
+    converted = anthropic_api.to_chat(request)
+    return Parsed(request.model, partial(messages_to_preprocess, converted, headers=headers))
+
+
+def _count_tokens(body: bytes, headers: RoutingHeaders, allow_unknown: bool) -> Parsed:
+    request = parse_count_tokens(body, allow_unknown=allow_unknown)
+    converted = anthropic_api.to_chat(request)
+    return Parsed(request.model, partial(messages_to_preprocess, converted, headers=headers))
+
+
+def _responses(body: bytes, headers: RoutingHeaders, allow_unknown: bool) -> Parsed:
+    request = parse_responses(body, allow_unknown=allow_unknown)
+    chat = responses_api.to_chat(request)
+    echo = responses_api.echo_fields(request)
+    return Parsed(request.model, partial(responses_to_preprocess, chat, echo=echo, headers=headers))
+
+
+ENDPOINTS: dict[str, Endpoint] = {
+    e.path: e
+    for e in (
+        Endpoint(CHAT_PATH, _chat),
+        Endpoint(COMPLETIONS_PATH, _completion),
+        Endpoint(MESSAGES_PATH, _messages, ANTHROPIC),
+        Endpoint(COUNT_TOKENS_PATH, _count_tokens, ANTHROPIC, kind="count_tokens"),
+        Endpoint(RESPONSES_PATH, _responses, RESPONSES),
+    )
+}
+"""Path -> endpoint, for every path ``Relay`` serves (any method: only ``POST`` is allowed)."""
+PATHS = frozenset(ENDPOINTS)
