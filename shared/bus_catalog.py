@@ -29,6 +29,8 @@ from shared.messages import (
     KvDump,
     KvDumpRequest,
     KvEventBatch,
+    MediaGenerate,
+    MediaResult,
     Migrated,
     ModelCard,
     Preprocess,
@@ -160,6 +162,7 @@ SERVICES: dict[str, str] = {
     "mocker": "LLM worker (the simulated engine; any engine adapter speaks the same).",
     "echo_tensor": "KServe v2 tensor worker that returns its inputs.",
     "embedder": "Embedding worker (the simulated embedding model).",
+    "media": "Image and video generation worker (the simulated diffusion model).",
     "nats-server": "The NATS server itself (status messages, JetStream storage).",
     "tap": "`jetserve tap SUBJECT`: prints every message as a JSON line, for debugging.",
 }
@@ -349,7 +352,11 @@ CHANNELS: tuple[Channel, ...] = (
         "request (a formatter's `WorkerPing`)?",
         messages=(WorkerPing, EMPTY),
         publishers=(Pub("router", (EMPTY,)), Pub("formatter", (WorkerPing,))),
-        subscribers=(Sub("mocker"), Sub("embedder", note="holds no generation")),
+        subscribers=(
+            Sub("mocker"),
+            Sub("embedder", note="holds no generation"),
+            Sub("media", note="holds no generation"),
+        ),
         reply=Reply((WorkerPong, EMPTY), "`WorkerPong` to a `WorkerPing`, empty to a probe."),
     ),
     Channel(
@@ -530,11 +537,21 @@ CHANNELS: tuple[Channel, ...] = (
         reply=Reply((TokenCount, RequestFailed)),
     ),
     Channel(
+        name="media_generate",
+        subject=Subjects.media_generate,
+        summary="Generate images or videos (`/v1/images/generations`, "
+        "`/v1/videos/generations`) on the media worker the gateway picked (round-robin).",
+        messages=(MediaGenerate,),
+        publishers=(Pub("gateway"),),
+        subscribers=(Sub("media"),),
+        reply=Reply((MediaResult, RequestFailed)),
+    ),
+    Channel(
         name="workers",
         subject=Subjects.workers_bucket,
         summary="Worker cards, one per live worker, kept alive by heartbeat (max age = TTL).",
         messages=(WorkerCard,),
-        publishers=(Pub("mocker"), Pub("echo_tensor"), Pub("embedder")),
+        publishers=(Pub("mocker"), Pub("echo_tensor"), Pub("embedder"), Pub("media")),
         subscribers=(
             Sub("gateway"),
             Sub("router"),
@@ -551,7 +568,12 @@ CHANNELS: tuple[Channel, ...] = (
         subject=Subjects.models_store,
         summary="Model cards and tokenizer files, uploaded by workers.",
         messages=(ModelCard, RAW_FILE),
-        publishers=(Pub("mocker"), Pub("echo_tensor", (ModelCard,)), Pub("embedder")),
+        publishers=(
+            Pub("mocker"),
+            Pub("echo_tensor", (ModelCard,)),
+            Pub("embedder"),
+            Pub("media", (ModelCard,)),
+        ),
         subscribers=(Sub("gateway"), Sub("preprocessor"), Sub("formatter")),
         description="An object store: object `<model>/card` is a `ModelCard`, the other "
         "objects of `<model>/` are its files.",
@@ -564,8 +586,8 @@ CHANNELS: tuple[Channel, ...] = (
         summary="Upload leases: of workers starting together, the one that creates the key "
         "uploads the file, the others wait for its digest.",
         messages=(UPLOAD_LEASE,),
-        publishers=(Pub("mocker"), Pub("echo_tensor"), Pub("embedder")),
-        subscribers=(Sub("mocker"), Sub("echo_tensor"), Sub("embedder")),
+        publishers=(Pub("mocker"), Pub("echo_tensor"), Pub("embedder"), Pub("media")),
+        subscribers=(Sub("mocker"), Sub("echo_tensor"), Sub("embedder"), Sub("media")),
         transport="kv",
         key="lease_key",
     ),

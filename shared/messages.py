@@ -16,7 +16,7 @@ FinishReason = Literal["stop", "length", "cancelled", "error"]
 OutputFormat = Literal["openai", "text", "kserve", "anthropic", "responses"]
 """``openai``: chat / completions objects. ``anthropic``: Messages API objects and events.
 ``responses``: OpenAI Responses API objects and events. ``text`` / ``kserve``: gRPC."""
-ModelKind = Literal["llm", "tensor", "embedding"]
+ModelKind = Literal["llm", "tensor", "embedding", "image", "video"]
 MigrationKind = Literal["new_request", "ongoing"]
 
 
@@ -661,3 +661,46 @@ class TokenCount(Message, frozen=True):
     """Preprocessor -> gateway: the answer to ``CountTokens``."""
 
     input_tokens: int
+
+
+# --- media generation (issue 10: /v1/images/generations, /v1/videos/generations) ---------------
+
+MediaKind = Literal["image", "video"]
+
+
+class MediaGenerate(Message, frozen=True):
+    """Gateway -> one media worker (``subjects.media_generate(worker_id)``), request/reply:
+    generate ``n`` images (PNG) or videos (animated PNG) for ``prompt``. Answered with
+    ``MediaResult`` or ``RequestFailed`` on ``reply_to``."""
+
+    model: str
+    reply_to: str
+    kind: MediaKind
+    prompt: str
+    width: int
+    height: int
+    n: int = 1
+    seed: int | None = None
+    """Same prompt, size, seed and index: the same bytes. ``None``: derived from the prompt."""
+    negative_prompt: str = ""
+    quality: str = ""
+    style: str = ""
+    num_frames: int = 0
+    """Videos: frames to make (``seconds * fps`` when 0)."""
+    fps: int = 0
+    seconds: int = 0
+    num_inference_steps: int = 0
+    guidance_scale: float | None = None
+    deadline_ms: int = 0
+    """Wall-clock ms after which the worker drops the request (0 = none)."""
+
+
+class MediaResult(Message, frozen=True):
+    """Media worker -> gateway: the answer to ``MediaGenerate``, one encoded file per item."""
+
+    model: str
+    media_type: str
+    """``image/png`` or ``image/apng``."""
+    items: tuple[bytes, ...]
+    revised_prompt: str = ""
+    worker_id: str = ""

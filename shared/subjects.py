@@ -221,6 +221,12 @@ class Subjects:
         ``CountTokens``, answered ``TokenCount``."""
         return f"{self._p}.preprocess.count_tokens"
 
+    # --- media generation (issue 10) ---------------------------------------------------------
+    def media_generate(self, worker_id: str) -> str:
+        """Gateway -> one media worker, request/reply: ``MediaGenerate``, answered
+        ``MediaResult`` (images and videos skip the LLM stages)."""
+        return f"{self._p}.worker.{worker_id}.media"
+
 
 def request_id_of(subject: str) -> str:
     """The last token of a per-request subject (``stream`` / ``reply``)."""

@@ -10,6 +10,7 @@ binary and command line) live here once; the integration and e2e tests use them 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import shutil
@@ -313,16 +314,19 @@ class Stack:
                 )
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Poll the gateway's ``/health`` until it answers 200 (a model has a live worker)."""
+        """Poll the gateway's ``/health`` until every model the stack serves has a live worker
+        (one answering 200 is not enough: the embedder's model may be live before the LLM's)."""
         deadline = time.monotonic() + timeout_s
         url = f"{self.base_url}/health"
+        cfg = self.config
+        expected = sum(1 for n in (cfg.workers, cfg.embedders, cfg.tensor_workers) if n > 0)
         while time.monotonic() < deadline:
             self._check_alive()
             with (
-                contextlib.suppress(urllib.error.URLError, OSError),
+                contextlib.suppress(urllib.error.URLError, OSError, ValueError),
                 urllib.request.urlopen(url, timeout=1) as resp,
             ):
-                if resp.status == 200:
+                if resp.status == 200 and len(json.loads(resp.read())["models"]) >= expected:
                     return
             time.sleep(0.1)
         raise StackError(f"the gateway was not ready after {timeout_s:.0f}s (logs: {self.run_dir})")

@@ -547,4 +547,3 @@ def tool_parser_for(open_: StreamOpen) -> ToolParser | None:
     except (KeyError, ValueError) as exc:
         raise InternalError(f"unknown tool parser {name!r}") from exc
     return parser
-

@@ -454,10 +454,12 @@ class GatewayBus:
         answers: codec.Decoder[T | RequestFailed],
         timeout_s: float,
         param: str | None = None,
+        unreachable: str = "No preprocessor is running.",
     ) -> T:
         """One request/reply with the preprocessors on a private inbox (its address also in
         ``reply_to`` where the message has one); every hop's failure comes back typed, silence
-        past ``timeout_s`` is a 504, a body over NATS' limit a 400 naming ``param``."""
+        past ``timeout_s`` is a 504, a body over NATS' limit a 400 naming ``param``, nobody
+        listening on ``subject`` a ``NoResponders`` 503 saying ``unreachable``."""
         assert self._nc is not None, "start() first"
         await self._bus_ready()
         nc = self._nc
@@ -478,7 +480,7 @@ class GatewayBus:
             with contextlib.suppress(NatsError):
                 await sub.unsubscribe()
         if no_responders(msg) is not None:
-            raise ServiceUnavailable("No preprocessor is running.")
+            raise NoResponders(unreachable)
         try:
             answer = answers.decode(msg.data)
         except codec.DecodeError:

@@ -94,7 +94,7 @@ def test_up_serves_and_sigterm_stops_every_process_and_removes_its_run_dir(
         )
         assert resp.status_code == 200
         pids = [int(p.read_text()) for p in run_dir.glob("*.pid")]
-        assert len(pids) == 6  # nats, preprocessor, formatter, router, mocker, gateway
+        assert len(pids) == 7  # nats, preprocessor, formatter, router, mocker, embedder, gateway
         router_cmdline = Path(f"/proc/{int((run_dir / 'router.pid').read_text())}/cmdline")
         assert b"--router-mode\0kv" in router_cmdline.read_bytes()
         proc.send_signal(signal.SIGTERM)
@@ -178,7 +178,8 @@ def test_up_runs_replicas_of_each_stage_under_numbered_names(
         pids = {p.stem: int(p.read_text()) for p in run_dir.glob("*.pid")}
         stages = ("preprocessor", "router", "formatter")
         assert sorted(pids) == sorted(
-            ["nats", "gateway", "mocker-0", *(f"{s}-{i}" for s in stages for i in (0, 1))]
+            ["nats", "gateway", "mocker-0", "embedder-0"]
+            + [f"{s}-{i}" for s in stages for i in (0, 1)]
         )
         assert all((run_dir / f"{name}.log").is_file() for name in pids)
         for _ in range(4):

@@ -1,0 +1,153 @@
+"""Mock media worker wiring: model cards, one worker card per model, ``MediaGenerate`` → files.
+
+Each served model (an image model, a video model) gets a card without files (``kind="image"``
+/ ``"video"``: gateways know which route serves it) and a worker card of its own
+(``kind="media"``, ``<worker-id>-image`` / ``-video``) that says it is live. Gateways send
+``MediaGenerate`` straight to ``subjects.media_generate(worker_id)`` (no preprocessor, router
+or formatter: nothing is tokenized) and get ``MediaResult`` back on ``reply_to``; every failure
+is a typed ``RequestFailed`` there (the shared handler boundary). The pictures are made on a
+worker thread, so heartbeats and the routers' liveness probes are answered meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+
+import nats.errors
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from services.media.config import MediaConfig
+from services.media.make import make
+from shared import codec
+from shared.bus import barrier
+from shared.errors import InvalidRequest, UpstreamTimeout
+from shared.handlers import Boundary
+from shared.messages import (
+    MediaGenerate,
+    MediaKind,
+    ModelCard,
+    WorkerCard,
+    WorkerPing,
+    WorkerPong,
+)
+from shared.metrics import ServiceMetrics
+from shared.registry import WorkerRegistration, publish_model_card
+from shared.subjects import Subjects
+
+log = structlog.get_logger(__name__)
+
+PAYLOAD_MARGIN = 16 * 1024
+"""Room for the message's other fields under NATS' payload limit."""
+
+
+def _reply_to(request: MediaGenerate) -> str:
+    return request.reply_to
+
+
+class MediaService:
+    """One mock media worker: its cards in the registry and its request subscriptions."""
+
+    def __init__(
+        self, config: MediaConfig, nc: Client, *, metrics: ServiceMetrics | None = None
+    ) -> None:
+        self._config = config
+        self._nc = nc
+        self._subjects = Subjects(config.namespace)
+        self.metrics = metrics or ServiceMetrics("media")
+        self.models: dict[str, MediaKind] = {}
+        """Served model -> its kind."""
+        self.worker_ids: dict[str, str] = {}
+        """Served model -> the worker id it is registered under."""
+        if config.image_model:
+            self.models[config.image_model] = "image"
+            self.worker_ids[config.image_model] = f"{config.worker_id}-image"
+        if config.video_model:
+            self.models[config.video_model] = "video"
+            self.worker_ids[config.video_model] = f"{config.worker_id}-video"
+        self._registrations = [
+            WorkerRegistration(
+                nc.jetstream(),
+                self._subjects,
+                WorkerCard(worker_id=worker_id, model=model, kind="media"),
+                ttl_s=config.worker_ttl_s,
+                replicas=config.js_replicas,
+            )
+            for model, worker_id in self.worker_ids.items()
+        ]
+        self._on_generate_msg = Boundary(nc, self.metrics).handler(
+            codec.decoder(MediaGenerate), "media_generate", self.on_generate, reply_to=_reply_to
+        )
+        self._subs: list[Subscription] = []
+
+    @property
+    def service_metrics(self) -> ServiceMetrics:
+        return self.metrics
+
+    async def start(self) -> None:
+        """Publish the model cards, subscribe, then register (a worker card means "ready")."""
+        js = self._nc.jetstream()
+        for model, kind in self.models.items():
+            card = ModelCard(model=model, context_length=0, created=int(time.time()), kind=kind)
+            await publish_model_card(js, self._subjects, card, replicas=self._config.js_replicas)
+        for worker_id in self.worker_ids.values():
+            for subject, callback in (
+                (self._subjects.media_generate(worker_id), self._on_generate_msg),
+                (self._subjects.worker_ping(worker_id), self._on_ping),
+            ):
+                self._subs.append(await self._nc.subscribe(subject, cb=callback))
+        await barrier(self._nc)  # subscribed on the server before the cards say "ready"
+        for registration in self._registrations:
+            await registration.start()
+        log.info("worker_started", workers=self.worker_ids)
+
+    async def stop(self) -> None:
+        """Leave the registry, then stop taking requests."""
+        for registration in self._registrations:
+            await registration.stop()
+        for sub in self._subs:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        self._subs.clear()
+        log.info("worker_stopped", workers=self.worker_ids)
+
+    async def on_generate(self, request: MediaGenerate) -> None:
+        """Answer one request with its files (made on a worker thread)."""
+        if request.deadline_ms and time.time() * 1000 > request.deadline_ms:
+            raise UpstreamTimeout("the request expired before it reached the worker")
+        worker_id = self.worker_ids.get(request.model, "")
+        compute = functools.partial(make, request, models=self.models, worker_id=worker_id)
+        result = await asyncio.to_thread(compute)
+        data = codec.encode(result)
+        if len(data) > self._nc.max_payload - PAYLOAD_MARGIN:
+            raise InvalidRequest(
+                f"The generated media ({len(data)} bytes) is larger than the message bus carries "
+                f"({self._nc.max_payload} bytes); ask for fewer or smaller items.",
+                param="n",
+            )
+        await self._nc.publish(request.reply_to, data)
+
+    async def _on_ping(self, msg: Msg) -> None:
+        """A router's probe (empty: answering is the answer) or a formatter's ``WorkerPing``
+        (this worker holds no generation: ``held=False``)."""
+        reply = b""
+        if msg.data:
+            try:
+                ping = codec.decode(msg.data, WorkerPing)
+            except codec.DecodeError:
+                return
+            reply = codec.encode(WorkerPong(request_id=ping.request_id, held=False))
+        with contextlib.suppress(nats.errors.Error):  # the asker may be gone
+            await msg.respond(reply)
+
+
+def build_service(
+    config: MediaConfig, nc: Client, *, metrics: ServiceMetrics | None = None
+) -> MediaService:
+    """Compose a mock media worker on ``nc``."""
+    return MediaService(config, nc, metrics=metrics)
