@@ -71,7 +71,9 @@ def _batches(request_id: str, ids: list[int], size: int) -> list[bytes]:
 
 
 class _FakeNc:
-    async def publish(self, subject: str, payload: bytes = b"") -> None:
+    async def publish(
+        self, subject: str, payload: bytes = b"", reply: str = "", headers: Any = None
+    ) -> None:
         pass
 
 

@@ -79,6 +79,12 @@ class UpConfig:
     embedding_model_name: str = setting(
         "Qwen/Qwen3-Embedding-0.6B", "Served name of the mock embedding model"
     )
+    media_workers: int = setting(
+        0,
+        "Mock media worker processes (python -m services.media), each serving an image and a "
+        "video model on /v1/images/generations and /v1/videos/generations (0 = none)",
+        ge=0,
+    )
     model_path: Path | None = setting(
         None, "Local model directory (unset = the bundled Qwen3 tokenizer in the user cache)"
     )

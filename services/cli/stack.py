@@ -146,6 +146,9 @@ class StackConfig:
     for one by default."""
     embedding_model_name: str | None = None
     """``None`` = the embedder's default (``Qwen/Qwen3-Embedding-0.6B``)."""
+    media_workers: int = 0
+    """Mock media workers (``services.media``, ``media-<i>``), each serving an image and a video
+    model (``/v1/images/generations``, ``/v1/videos/generations``)."""
     router_mode: str | None = None
     """``None`` = the router's own default (its flag or env var)."""
     model_path: str | None = None
@@ -228,6 +231,7 @@ class Stack:
             ["--model-name", cfg.embedding_model_name] if cfg.embedding_model_name else []
         )
         plan += self._replicas("embedder", cfg.embedders, embedder_args, numbered=True)
+        plan += self._replicas("media", cfg.media_workers, [], numbered=True)
         gateway_args = ["--http-host", cfg.http_host, "--http-port", str(self.http_port)]
         plan += self._replicas("gateway", 1, [*gateway_args, "--grpc-port", str(self.grpc_port)])
         return plan
@@ -320,6 +324,7 @@ class Stack:
         url = f"{self.base_url}/health"
         cfg = self.config
         expected = sum(1 for n in (cfg.workers, cfg.embedders, cfg.tensor_workers) if n > 0)
+        expected += 2 if cfg.media_workers > 0 else 0  # an image and a video model
         while time.monotonic() < deadline:
             self._check_alive()
             with (
@@ -366,6 +371,7 @@ _RANK = {
     "mocker": 2,
     "echo_tensor": 2,
     "embedder": 2,
+    "media": 2,
     "nats": 3,
 }
 

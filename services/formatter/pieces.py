@@ -55,7 +55,11 @@ ToolPiece = Content | ToolCallStart | ToolCallArgs
 
 
 class ReasoningParser(Protocol):
-    """Splits reasoning from the answer (``<think>…</think>``)."""
+    """Splits reasoning from the answer (``<think>…</think>``). ``settled``: from now on every
+    text is content, unchanged (the caller may stop parsing)."""
+
+    @property
+    def settled(self) -> bool: ...
 
     def push(self, text: str) -> list[TextPiece]: ...
 

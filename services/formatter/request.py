@@ -95,6 +95,9 @@ class _Choice:
             texts = reasoning.push(text) if text else []
             if final:
                 texts += reasoning.flush()
+            elif reasoning.settled:  # no (more) reasoning: plain text from here on
+                self.reasoning = None
+                self.plain = tools is None
         if tools is None:
             return tidy(texts)
         pieces: list[Piece] = []

@@ -14,6 +14,7 @@ import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessageToolCall
+from pydantic import BaseModel, Field
 
 from tests.e2e.conftest import MODEL
 
@@ -293,3 +294,46 @@ async def test_a_call_cut_by_max_tokens_streams_as_it_answers_whole(
         for _, arguments in calls:
             assert isinstance(arguments, dict)
     assert seen_content and seen_call
+
+
+class Address(BaseModel):
+    street: str
+    zip_code: int = Field(ge=1000, le=99999)
+
+
+class BookTable(BaseModel):
+    """A pydantic tool as ``openai.pydantic_function_tool`` sends it: strict, ``$defs``/``$ref``,
+    an optional field (``anyOf`` with ``null``), a list and bounds."""
+
+    restaurant: str
+    guests: int = Field(ge=1, le=12)
+    address: Address
+    notes: str | None
+    dishes: list[str]
+
+
+async def test_the_sdk_parses_a_pydantic_tool_whole_and_streamed(
+    client: openai.AsyncOpenAI,
+) -> None:
+    kwargs: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Book a table for four."}],
+        "tools": [openai.pydantic_function_tool(BookTable)],
+        "tool_choice": "required",
+        "max_tokens": 300,
+        "seed": 2,
+    }
+    whole = await client.chat.completions.parse(**kwargs)
+    calls = whole.choices[0].message.tool_calls or []
+    assert len(calls) == 1
+    parsed = calls[0].function.parsed_arguments
+    assert isinstance(parsed, BookTable)
+    # The SDK's own stream helper reassembles the fragments and parses them again.
+    async with client.chat.completions.stream(**kwargs) as stream:
+        kinds = [event.type async for event in stream]
+        final = await stream.get_final_completion()
+    assert "tool_calls.function.arguments.delta" in kinds
+    assert "tool_calls.function.arguments.done" in kinds
+    assert final.choices[0].finish_reason == "tool_calls"
+    streamed = final.choices[0].message.tool_calls or []
+    assert [c.function.parsed_arguments for c in streamed] == [parsed]

@@ -38,6 +38,11 @@ class ThinkParser:
         self._buf = ""
         self._fresh = True  # the reasoning's leading whitespace is still to be dropped
 
+    @property
+    def settled(self) -> bool:
+        """Past the block (or there was none) with nothing held: all that comes is content."""
+        return self._state is _State.CONTENT and not self._buf
+
     def push(self, text: str) -> list[TextPiece]:
         out: list[TextPiece] = []
         self._buf += text

@@ -288,3 +288,19 @@ def test_reasoning_then_tool_calls(sample: str, tokenizer: Any) -> None:
     assert chain(name, opened, token_texts(tokenizer, output)) == expected
     for cut in range(len(output) + 1):
         assert chain(name, opened, [output[:cut], output[cut:]]) == expected, f"cut at {cut}"
+
+
+def test_settled_once_no_reasoning_can_follow() -> None:
+    """The formatter stops parsing a settled choice (its fast plain-text path)."""
+    plain = reasoning_parser("qwen3")
+    plain.push(" ")
+    assert not plain.settled  # `<think>` may still come
+    plain.push("Hello")
+    assert plain.settled
+    thinking = reasoning_parser("qwen3")
+    thinking.push("<think>\nhm")
+    assert not thinking.settled
+    thinking.push("</think>\n\n")
+    assert not thinking.settled  # the answer's leading whitespace is still dropped
+    thinking.push("Answer")
+    assert thinking.settled

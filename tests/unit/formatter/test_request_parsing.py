@@ -37,6 +37,8 @@ OUTPUT = (
 class FakeReasoning:
     """``<think>`` / ``</think>`` whole within one push (single tokens in Qwen3)."""
 
+    settled = False  # it may always meet another <think>
+
     def __init__(self, opened: bool) -> None:
         self.inside = opened
 
