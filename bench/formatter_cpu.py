@@ -39,6 +39,9 @@ CASES: dict[str, OutputOptions] = {
     "stream+usage": OutputOptions(stream=True, include_usage=True),
     "stream+stop": OutputOptions(stream=True, stop=("\n\n\n", "</answer>")),
     "non-stream": OutputOptions(),
+    # A plain Qwen3 chat request as the preprocessor sends it: thinking is not off, so the
+    # reasoning parser watches the output (decision 019).
+    "stream+qwen3": OutputOptions(stream=True, reasoning_parser="qwen3"),
 }
 
 

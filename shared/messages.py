@@ -123,6 +123,9 @@ class OutputOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     reasoning_open: bool = False
     """The prompt already opened the reasoning block (a template that writes ``<think>``
     itself): the output starts inside it."""
+    legacy_functions: bool = False
+    """The chat request sent the deprecated ``functions``: a tool call is answered as OpenAI
+    answers those, ``function_call`` (one call) and ``finish_reason: "function_call"``."""
     response_fields: dict[str, Any] | None = None
     """``format="responses"``: the request parameters the ``response`` object repeats
     (``instructions``, ``tools``, ``temperature``…)."""

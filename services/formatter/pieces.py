@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,3 +153,50 @@ class ChoiceResult:
     end: ChoiceEnd
     logprobs: list[TokenLogprobs] | None = None
     """``None`` unless the request asked for log-probabilities."""
+
+
+P = TypeVar("P", bound=Piece)
+
+
+def tidy(pieces: Sequence[P]) -> list[P]:
+    """Drop empty text; join neighbours of one kind (content, reasoning, one call's arguments)."""
+    out: list[P] = []
+    for piece in pieces:
+        if isinstance(piece, ToolCallStart):
+            out.append(piece)
+            continue
+        if not piece.text:
+            continue
+        last = out[-1] if out else None
+        if type(last) is type(piece):
+            if isinstance(piece, ToolCallArgs):
+                assert isinstance(last, ToolCallArgs)
+                if last.index == piece.index:
+                    out[-1] = ToolCallArgs(piece.index, last.text + piece.text)  # type: ignore[assignment]
+                    continue
+            elif isinstance(last, Content | Reasoning):
+                out[-1] = type(piece)(last.text + piece.text)
+                continue
+        out.append(piece)
+    return out
+
+
+def collect(pieces: Sequence[Piece]) -> Collected:
+    """A choice's pieces as one message (joined once: no quadratic string building)."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ToolCall] = []
+    arguments: list[list[str]] = []
+    for piece in pieces:
+        if isinstance(piece, Content):
+            content.append(piece.text)
+        elif isinstance(piece, Reasoning):
+            reasoning.append(piece.text)
+        elif isinstance(piece, ToolCallStart):
+            calls.append(ToolCall(id=piece.id, name=piece.name))
+            arguments.append([])
+        elif 0 <= piece.index < len(arguments):
+            arguments[piece.index].append(piece.text)
+    for call, parts in zip(calls, arguments, strict=True):
+        call.arguments = "".join(parts)
+    return Collected("".join(content), "".join(reasoning), calls)

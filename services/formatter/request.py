@@ -1,11 +1,12 @@
 """One request's formatting state: token batches in, response bytes out. Pure: ``now`` is passed.
 
-Per choice (``output.n`` of them, ``TokenBatch.choice``): a detokenizer (stop strings), then the
-reasoning parser (``output.reasoning_parser``) and the tool parser (``output.tool_parser``),
-whose pieces go to the shaper of ``output.format`` (``shapers``). Streaming requests yield the
-shaper's frames per batch (``opening`` with the first batch, nothing for a batch that adds no
-piece); non-streaming ones yield one body once every choice has finished. The request is
-finished when every choice is; its ``finish_reason`` is the first choice's.
+Per choice (``output.n`` of them, ``TokenBatch.choice``; ``choice.Choice``): a detokenizer (stop
+strings), then the reasoning parser (``output.reasoning_parser``) and the tool parser
+(``output.tool_parser``), whose pieces go to the shaper of ``output.format`` (``shapers``).
+Streaming requests yield the shaper's frames per batch (``opening`` with the first batch,
+nothing for a batch that adds no piece); non-streaming ones yield one body once every choice
+has finished. The request is finished when every choice is; its ``finish_reason`` is the first
+choice's.
 
 Loss detection and migration (decisions 017, 018) count positions per choice; only a request
 with ``n == 1`` migrates (``StreamOpen.generate`` is ``None`` otherwise).
@@ -19,100 +20,25 @@ from typing import Any
 
 from msgspec import UNSET
 
-from services.formatter.detokenizer import Detokenizer, token_texts
+from services.formatter.choice import PARSED_FORMATS, Choice, choices_for
+from services.formatter.detokenizer import token_texts
 from services.formatter.pieces import (
     ChoiceEnd,
     ChoiceResult,
-    Collected,
     Content,
     Piece,
-    Reasoning,
-    ReasoningParser,
-    TextPiece,
     TokenLogprobs,
-    ToolCall,
-    ToolCallArgs,
-    ToolCallStart,
-    ToolParser,
+    collect,
 )
 from services.formatter.replay import ChunkHistory
 from services.formatter.shapers import shaper_for
 from services.formatter.shaping import Nvext, Shaper, Usage, usage
 from shared import sse
 from shared.errors import InternalError, ServiceError, ServiceUnavailable
-from shared.messages import OutputOptions, StreamOpen, TokenBatch
+from shared.messages import StreamOpen, TokenBatch
 
-_PARSED_FORMATS = frozenset({"openai", "anthropic", "responses"})
-_SSE_FORMATS = _PARSED_FORMATS
+_SSE_FORMATS = PARSED_FORMATS
 """Formats whose streams are SSE (``text`` and ``kserve`` are gRPC's)."""
-"""Formats with a place for reasoning and tool calls (chat only); gRPC text gets the raw text."""
-
-
-class _Choice:
-    """One choice's state: its detokenizer and parsers, and what it has produced so far."""
-
-    __slots__ = (
-        "detok",
-        "end",
-        "has_tool_calls",
-        "logprobs",
-        "next_index",
-        "pieces",
-        "plain",
-        "reasoning",
-        "tools",
-    )
-
-    def __init__(
-        self,
-        detok: Detokenizer,
-        reasoning: ReasoningParser | None,
-        tools: ToolParser | None,
-        *,
-        keep_logprobs: bool,
-    ) -> None:
-        self.detok = detok
-        self.reasoning = reasoning
-        self.tools = tools
-        self.plain = reasoning is None and tools is None
-        """No parser: every text is content."""
-        self.next_index = 0
-        """The position the next batch of this choice should start at."""
-        self.end: ChoiceEnd | None = None
-        self.has_tool_calls = False
-        self.pieces: list[Piece] = []
-        """Not streaming: every piece so far."""
-        self.logprobs: list[TokenLogprobs] | None = [] if keep_logprobs else None
-        """Not streaming, with log-probabilities asked for: every token's so far."""
-
-    def parse(self, text: str, final: bool) -> list[Piece]:
-        """The pieces of the new ``text`` (``final``: the choice ends, flush the parsers)."""
-        reasoning, tools = self.reasoning, self.tools
-        texts: list[TextPiece]
-        if reasoning is None:
-            texts = [Content(text)] if text else []
-        else:
-            texts = reasoning.push(text) if text else []
-            if final:
-                texts += reasoning.flush()
-            elif reasoning.settled:  # no (more) reasoning: plain text from here on
-                self.reasoning = None
-                self.plain = tools is None
-        if tools is None:
-            return tidy(texts)
-        pieces: list[Piece] = []
-        for piece in texts:
-            if isinstance(piece, Content):
-                if piece.text:
-                    pieces += tools.push(piece.text)
-            else:
-                pieces.append(piece)
-        if final:
-            pieces += tools.flush()
-        pieces = tidy(pieces)
-        if not self.has_tool_calls:
-            self.has_tool_calls = any(isinstance(p, ToolCallStart) for p in pieces)
-        return pieces
 
 
 class RequestFormatter:
@@ -166,21 +92,9 @@ class RequestFormatter:
         self._texts = token_texts(tokenizer) if out.logprobs is not None else None
         """Token ids → text, only when log-probabilities are asked for."""
         self._top = max(0, out.logprobs or 0)
-        parsed = open_.api == "chat" and out.format in _PARSED_FORMATS
-        self._choices = [
-            _Choice(
-                Detokenizer(
-                    tokenizer,
-                    stop=out.stop,
-                    include_stop_str_in_output=out.include_stop_str_in_output,
-                    skip_special_tokens=out.skip_special_tokens,
-                ),
-                reasoning_parser_for(out) if parsed else None,
-                tool_parser_for(open_) if parsed else None,
-                keep_logprobs=self._texts is not None and not out.stream,
-            )
-            for _ in range(max(1, out.n))
-        ]
+        self._choices = choices_for(
+            open_, tokenizer, keep_logprobs=self._texts is not None and not out.stream
+        )
         self._open_choices = len(self._choices)
         self._started = False
         # Text output carries no usage per chunk: never compute it per batch.
@@ -299,7 +213,7 @@ class RequestFormatter:
             return self._frames(index, choice, pieces, logprobs)
         return self._collect(choice, pieces, logprobs)
 
-    def _end(self, choice: _Choice, finish: str) -> None:
+    def _end(self, choice: Choice, finish: str) -> None:
         choice.end = ChoiceEnd(finish, choice.has_tool_calls, choice.detok.stop_string)
         self._open_choices -= 1
 
@@ -371,7 +285,7 @@ class RequestFormatter:
     def _frames(
         self,
         index: int,
-        choice: _Choice,
+        choice: Choice,
         pieces: list[Piece],
         logprobs: Sequence[TokenLogprobs],
     ) -> bytes:
@@ -392,7 +306,7 @@ class RequestFormatter:
                 data += shaper.closing(self._usage(), self._nvext())
         return data
 
-    def _text_frames(self, index: int, choice: _Choice, text: str) -> bytes:
+    def _text_frames(self, index: int, choice: Choice, text: str) -> bytes:
         """``_frames`` for plain text through the shaper's ``text_delta`` (no pieces built)."""
         shaper = self._shaper
         if not self._started:
@@ -412,7 +326,7 @@ class RequestFormatter:
         return data
 
     def _collect(
-        self, choice: _Choice, pieces: list[Piece], logprobs: Sequence[TokenLogprobs]
+        self, choice: Choice, pieces: list[Piece], logprobs: Sequence[TokenLogprobs]
     ) -> bytes:
         self._started = True
         choice.pieces += pieces
@@ -472,81 +386,3 @@ def _failure(finish_reason: str) -> ServiceError | None:
     if finish_reason == "cancelled":
         return ServiceUnavailable("the worker cancelled the request")
     return None
-
-
-def tidy(pieces: Sequence[Piece]) -> list[Piece]:
-    """Drop empty text; join neighbours of one kind (content, reasoning, one call's arguments)."""
-    out: list[Piece] = []
-    for piece in pieces:
-        if isinstance(piece, ToolCallStart):
-            out.append(piece)
-            continue
-        if not piece.text:
-            continue
-        last = out[-1] if out else None
-        if type(last) is type(piece):
-            if isinstance(piece, ToolCallArgs):
-                assert isinstance(last, ToolCallArgs)
-                if last.index == piece.index:
-                    out[-1] = ToolCallArgs(piece.index, last.text + piece.text)
-                    continue
-            elif isinstance(last, Content | Reasoning):
-                out[-1] = type(piece)(last.text + piece.text)
-                continue
-        out.append(piece)
-    return out
-
-
-def collect(pieces: Sequence[Piece]) -> Collected:
-    """A choice's pieces as one message (joined once: no quadratic string building)."""
-    content: list[str] = []
-    reasoning: list[str] = []
-    calls: list[ToolCall] = []
-    arguments: list[list[str]] = []
-    for piece in pieces:
-        if isinstance(piece, Content):
-            content.append(piece.text)
-        elif isinstance(piece, Reasoning):
-            reasoning.append(piece.text)
-        elif isinstance(piece, ToolCallStart):
-            calls.append(ToolCall(id=piece.id, name=piece.name))
-            arguments.append([])
-        elif 0 <= piece.index < len(arguments):
-            arguments[piece.index].append(piece.text)
-    for call, parts in zip(calls, arguments, strict=True):
-        call.arguments = "".join(parts)
-    return Collected("".join(content), "".join(reasoning), calls)
-
-
-# --- parsers (``services.formatter.parsers``, imported when a request first needs one) ----------
-
-
-def reasoning_parser_for(out: OutputOptions) -> ReasoningParser | None:
-    """A new reasoning parser for one choice (``None``: reasoning stays content)."""
-    if not out.reasoning_parser:
-        return None
-    from services.formatter.parsers import (  # type: ignore[attr-defined,import-not-found,unused-ignore]
-        reasoning_parser,
-    )
-
-    try:
-        parser: ReasoningParser = reasoning_parser(out.reasoning_parser, opened=out.reasoning_open)
-    except (KeyError, ValueError) as exc:
-        raise InternalError(f"unknown reasoning parser {out.reasoning_parser!r}") from exc
-    return parser
-
-
-def tool_parser_for(open_: StreamOpen) -> ToolParser | None:
-    """A new tool parser for one choice (``None``: no tool calls are parsed)."""
-    name = open_.output.tool_parser
-    if not name:
-        return None
-    from services.formatter.parsers import (  # type: ignore[attr-defined,import-not-found,unused-ignore]
-        tool_parser,
-    )
-
-    try:
-        parser: ToolParser = tool_parser(name, tools=open_.tools)
-    except (KeyError, ValueError) as exc:
-        raise InternalError(f"unknown tool parser {name!r}") from exc
-    return parser

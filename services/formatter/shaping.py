@@ -8,7 +8,8 @@ Anthropic Messages, the Responses API, gRPC text and KServe. ``RequestFormatter`
   every choice ended;
 - not streaming: ``body`` once with every choice whole.
 
-``usage`` on ``delta`` / ``choice_end`` is given only with ``continuous_usage``.
+``usage`` on ``delta`` / ``choice_end`` is given only with ``continuous_usage``. ``Usage`` and
+``Nvext`` are ``shared.api_objects``' (the gateway documents the same Structs).
 
 A shaper may also implement ``TextDeltas`` (the per-token fast path: plain text, no
 log-probabilities, no usage); ``RequestFormatter`` then skips building pieces for such deltas.
@@ -19,39 +20,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-import msgspec
-from msgspec import UNSET, UnsetType
-
 from services.formatter.pieces import ChoiceEnd, ChoiceResult, Piece, TokenLogprobs
+from shared.api_objects import ResponseNvext as Nvext
+from shared.api_objects import Usage, usage
 
-
-class PromptTokensDetails(msgspec.Struct, kw_only=True):
-    cached_tokens: int = 0
-
-
-class Usage(msgspec.Struct, kw_only=True):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
-    """OpenAI ``usage``, always with ``prompt_tokens_details.cached_tokens``."""
-    return Usage(
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        total_tokens=prompt_tokens + completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
-    )
-
-
-class Nvext(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Response extension asked for with ``nvext.extra_fields`` (``worker_id``: who served;
-    ``timing``: time to first token and between tokens)."""
-
-    worker_id: str | UnsetType = UNSET
-    timing: dict[str, float] | UnsetType = UNSET
+__all__ = ["Nvext", "Shaper", "TextDeltas", "Usage", "usage"]
 
 
 class Shaper(Protocol):

@@ -30,6 +30,7 @@ from services.gateway.context import RequestContext, request_context, send_with_
 from services.gateway.embeddings import build_embedding_routes
 from services.gateway.endpoints import ENDPOINTS
 from services.gateway.grpc_server import GrpcServer
+from services.gateway.media import build_media_routes
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import openapi_config
 from services.gateway.relay import PATHS, Readiness, Relay
@@ -89,6 +90,11 @@ def create_app(
         route_handlers=[
             *build_routes(bus, readiness, metrics),
             *build_embedding_routes(
+                bus,
+                timeout_s=config.request_timeout_s,
+                allow_unknown_fields=config.allow_unknown_fields,
+            ),
+            *build_media_routes(
                 bus,
                 timeout_s=config.request_timeout_s,
                 allow_unknown_fields=config.allow_unknown_fields,

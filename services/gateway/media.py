@@ -138,6 +138,45 @@ class StrictVideoRequest(VideoRequest, kw_only=True, forbid_unknown_fields=True)
     """``VideoRequest`` with unknown top-level fields refused (the gateway's default)."""
 
 
+class ImageData(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One image of OpenAI's ``ImagesResponse`` (``openai.types.Image``)."""
+
+    b64_json: str | None = None
+    url: str | None = None
+    """A ``data:image/png;base64,...`` URL."""
+    revised_prompt: str | None = None
+
+
+class ImagesResponse(msgspec.Struct, kw_only=True):
+    """OpenAI's ``ImagesResponse`` (the fields that apply here)."""
+
+    created: int
+    data: list[ImageData]
+    output_format: Literal["png"] = "png"
+    size: str
+
+
+class VideoData(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One video: an animated PNG, inline."""
+
+    b64_json: str | None = None
+    url: str | None = None
+    """A ``data:image/apng;base64,...`` URL."""
+
+
+class VideoResponse(msgspec.Struct, kw_only=True):
+    """Dynamo's video generation response: one completed job, its videos inline."""
+
+    id: str
+    object: Literal["video"] = "video"
+    model: str
+    status: Literal["completed"] = "completed"
+    progress: int = 100
+    created: int
+    data: list[VideoData]
+    inference_time_s: float
+
+
 _IMAGE_DECODERS = Decoders(StrictImageRequest, ImageRequest, "image generation request")
 _VIDEO_DECODERS = Decoders(StrictVideoRequest, VideoRequest, "video generation request")
 _ANSWERS: codec.Decoder[MediaResult | RequestFailed] = codec.Decoder(MediaResult | RequestFailed)
@@ -294,11 +333,12 @@ def video_message(request: VideoRequest, *, request_id: str, deadline_ms: int) -
     )
 
 
-def _item(data: bytes, media_type: str, response_format: ResponseFormat) -> dict[str, str]:
+def _encoded(data: bytes, media_type: str, response_format: ResponseFormat) -> tuple[str, str]:
+    """``(b64_json, url)``, one of them empty."""
     encoded = base64.b64encode(data).decode("ascii")
     if response_format == "b64_json":
-        return {"b64_json": encoded}
-    return {"url": f"data:{media_type};base64,{encoded}"}
+        return encoded, ""
+    return "", f"data:{media_type};base64,{encoded}"
 
 
 def image_body(
@@ -308,16 +348,15 @@ def image_body(
     response_format = request.response_format or "url"
     data = []
     for item in result.items:
-        entry: dict[str, str] = _item(item, result.media_type, response_format)
-        if result.revised_prompt:
-            entry["revised_prompt"] = result.revised_prompt
-        data.append(entry)
-    body = {
-        "created": created,
-        "data": data,
-        "output_format": "png",
-        "size": f"{size[0]}x{size[1]}",
-    }
+        b64_json, url = _encoded(item, result.media_type, response_format)
+        data.append(
+            ImageData(
+                b64_json=b64_json or None,
+                url=url or None,
+                revised_prompt=result.revised_prompt or None,
+            )
+        )
+    body = ImagesResponse(created=created, data=data, size=f"{size[0]}x{size[1]}")
     return msgspec.json.encode(body)
 
 
@@ -331,16 +370,17 @@ def video_body(
 ) -> bytes:
     """Dynamo's video response: one completed job, its videos inline."""
     response_format = request.response_format or "url"
-    body: dict[str, Any] = {
-        "id": video_id,
-        "object": "video",
-        "model": result.model,
-        "status": "completed",
-        "progress": 100,
-        "created": created,
-        "data": [_item(item, result.media_type, response_format) for item in result.items],
-        "inference_time_s": round(inference_time_s, 6),
-    }
+    data = []
+    for item in result.items:
+        b64_json, url = _encoded(item, result.media_type, response_format)
+        data.append(VideoData(b64_json=b64_json or None, url=url or None))
+    body = VideoResponse(
+        id=video_id,
+        model=result.model,
+        created=created,
+        data=data,
+        inference_time_s=round(inference_time_s, 6),
+    )
     return msgspec.json.encode(body)
 
 

@@ -23,8 +23,10 @@ from services.gateway import api_responses as api
 from services.gateway import openai_responses as out
 from services.gateway.anthropic_api import CountTokensRequest, MessagesRequest
 from services.gateway.embeddings import EmbeddingRequest, EmbeddingResponse
+from services.gateway.media import ImageRequest, ImagesResponse, VideoRequest, VideoResponse
 from services.gateway.openai_types import ChatCompletionRequest, CompletionRequest, ErrorResponse
 from services.gateway.responses_api import ResponsesRequest
+from shared.api_objects import ChatCompletion, ChatCompletionChunk, Completion
 
 _REF = "#/components/schemas/{name}"
 DOCS_PATH = "/docs"
@@ -53,8 +55,8 @@ ENDPOINTS: list[Endpoint] = [
         "/v1/chat/completions",
         "Create a chat completion",
         ChatCompletionRequest,
-        out.ChatCompletion,
-        out.ChatCompletionChunk,
+        ChatCompletion,
+        ChatCompletionChunk,
         "OpenAI chat completions with tools, structured outputs, `n`, log-probabilities and "
         "NVIDIA's `nvext`. Unknown top-level fields are refused (400) unless the gateway runs "
         "with --allow-unknown-fields.",
@@ -63,8 +65,8 @@ ENDPOINTS: list[Endpoint] = [
         "/v1/completions",
         "Create a completion",
         CompletionRequest,
-        out.Completion,
-        out.Completion,
+        Completion,
+        Completion,
         "OpenAI (legacy) completions: one prompt (text or token ids) per request.",
     ),
     Endpoint(
@@ -74,6 +76,23 @@ ENDPOINTS: list[Endpoint] = [
         EmbeddingResponse,
         None,
         "Strings, lists of strings or token ids; `encoding_format` float or base64.",
+    ),
+    Endpoint(
+        "/v1/images/generations",
+        "Generate images",
+        ImageRequest,
+        ImagesResponse,
+        None,
+        "Routed to a worker that registers a media model; `response_format` `url` (a data URL) "
+        "or `b64_json`.",
+    ),
+    Endpoint(
+        "/v1/videos/generations",
+        "Generate a video",
+        VideoRequest,
+        VideoResponse,
+        None,
+        "Dynamo's video generation: one completed job, its videos (animated PNG) inline.",
     ),
     Endpoint(
         "/v1/responses",

@@ -3,8 +3,9 @@
 OpenAI's rules, checked here (each a 400 naming the field): ``tool_choice`` ``required`` or a
 function name needs ``tools``; a named function must be one of them; function names are unique.
 The deprecated ``functions`` / ``function_call`` are read as ``tools`` / ``tool_choice`` (sending
-both forms is refused). ``tool_choice="none"`` sends no tools to the chat template nor to the
-engine; with no ``tool_choice``, tools mean ``auto``.
+both forms is refused), with one call at most, answered as ``function_call``
+(``OutputOptions.legacy_functions``). ``tool_choice="none"`` sends no tools to the chat
+template nor to the engine; with no ``tool_choice``, tools mean ``auto``.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def resolve(request: ChatCompletionRequest) -> Tooling:
             param="tool_choice",
         )
     parallel = True if request.parallel_tool_calls is None else request.parallel_tool_calls
+    if request.functions is not None:
+        parallel = False  # `function_call` holds one call
     return Tooling(tools=tuple(tools), choice=choice, parallel=parallel)
 
 

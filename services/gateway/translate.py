@@ -148,7 +148,9 @@ def chat_to_preprocess(
         sampling=_sampling(
             request, max_tokens, logprobs, tooling.guided(request, tools, max_thinking)
         ),
-        output=_output(request, logprobs, echo=False),
+        output=_output(
+            request, logprobs, echo=False, legacy_functions=request.functions is not None
+        ),
         deadline_ms=deadline_ms,
         routing=routing,
         worker_id=worker_id,
@@ -309,7 +311,9 @@ def _message_dict(index: int, message: ChatMessage) -> dict[str, Any]:
             f"Messages with role `{message.role}` need `content`.",
             param=f"messages[{index}].content",
         )
-    out: dict[str, Any] = {"role": message.role, "content": content}
+    # A deprecated `function` result is a tool result to the template (templates know `tool`).
+    role = "tool" if message.role == "function" else message.role
+    out: dict[str, Any] = {"role": role, "content": content}
     if message.name is not None:
         out["name"] = message.name
     if message.tool_calls is not None:
@@ -393,6 +397,7 @@ def _output(
     echo: bool,
     fmt: OutputFormat = "openai",
     kserve: KServeOutput | None = None,
+    legacy_functions: bool = False,
 ) -> OutputOptions:
     stream = _flag(request.stream, default=False)
     options = request.stream_options
@@ -409,6 +414,7 @@ def _output(
         extra_fields=nv.extra_fields(request.nvext),
         logprobs=logprobs,
         annotations=nv.annotation_names(request.nvext),
+        legacy_functions=legacy_functions,
         format=fmt,
         kserve=kserve,
     )

@@ -239,9 +239,11 @@ class Engine:
 
     def seed_key(self, prompt: Sequence[int], sampling: SamplingParams, choice: int = 0) -> str:
         """(engine seed, request seed or prompt hash, choice): what a sequence's output is a
-        function of."""
+        function of. Greedy sampling has one answer, so its ``n`` choices are one sequence
+        (vLLM's n greedy sequences are identical)."""
         key = sampling.seed if sampling.seed is not None else f"p{block_hash(prompt)}"
-        return f"{self.config.seed}:{key}" + (f":{choice}" if choice else "")
+        own = choice and not is_greedy(sampling)
+        return f"{self.config.seed}:{key}" + (f":{choice}" if own else "")
 
     def _eos_for(self, sampling: SamplingParams) -> int | None:
         if sampling.stop_token_ids:

@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 OPTIONAL_DEPTH = 3
-"""Below this nesting depth only required properties are written (recursive schemas end)."""
+"""Below this nesting depth only required properties and ``minItems`` items are written
+(recursive schemas end)."""
 MAX_DEPTH = 24
 """A schema nested deeper than this (or a ``$ref`` cycle with required recursion) gets ``null``."""
 
@@ -159,7 +160,9 @@ class _Writer:
             prefix, items = items, schema.get("additionalItems", {})
         low = schema.get("minItems", 0)
         high = schema.get("maxItems")
-        count = max(low if isinstance(low, int) else 0, len(prefix), 1 if depth < MAX_DEPTH else 0)
+        count = max(
+            low if isinstance(low, int) else 0, len(prefix), 1 if depth < OPTIONAL_DEPTH else 0
+        )
         if not isinstance(items, Mapping) and items is False:
             count = len(prefix)
         if isinstance(high, int):

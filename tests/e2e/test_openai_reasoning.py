@@ -59,8 +59,10 @@ async def test_enable_thinking_answers_reasoning_apart_from_content(
     )
     message = resp.choices[0].message
     reasoning = reasoning_of(message)
-    assert reasoning and reasoning.strip()
-    assert message.content and message.content.strip()
+    assert reasoning
+    assert reasoning.strip()
+    assert message.content
+    assert message.content.strip()
     assert_untagged(reasoning, message.content)
     assert reasoning == reasoning.strip()
     assert not message.content.startswith("\n")
@@ -84,7 +86,8 @@ async def test_streamed_reasoning_comes_first_and_matches_the_whole_answer(
     seq = parts[0]
     kinds = [k for k, _ in seq]
     assert kinds[0] == "reasoning"
-    assert kinds[-1] == "finish" and seq[-1][1] == "length"
+    assert kinds[-1] == "finish"
+    assert seq[-1][1] == "length"
     first_content = kinds.index("content")
     assert set(kinds[:first_content]) == {"reasoning"}
     assert set(kinds[first_content:-1]) == {"content"}
@@ -101,7 +104,8 @@ async def test_without_enable_thinking_there_is_no_reasoning(
     )
     message = resp.choices[0].message
     assert reasoning_of(message) is None
-    assert message.content and message.content.strip()
+    assert message.content
+    assert message.content.strip()
     assert_untagged(message.content)
     parts = await stream_parts(
         await client.chat.completions.create(
@@ -122,7 +126,8 @@ async def test_a_cut_inside_the_reasoning_is_all_reasoning(client: openai.AsyncO
     resp = await client.chat.completions.create(**kwargs)
     message = resp.choices[0].message
     reasoning = reasoning_of(message)
-    assert reasoning and reasoning.strip()
+    assert reasoning
+    assert reasoning.strip()
     assert_untagged(reasoning, message.content)
     assert not message.content
     assert resp.choices[0].finish_reason == "length"
@@ -145,7 +150,8 @@ async def test_each_of_n_choices_reasons_on_its_own(client: openai.AsyncOpenAI) 
     assert sorted(parts) == [0, 1]
     for choice in resp.choices:
         reasoning = reasoning_of(choice.message)
-        assert reasoning and reasoning.strip()
+        assert reasoning
+        assert reasoning.strip()
         assert_untagged(reasoning, choice.message.content)
         seq = parts[choice.index]
         assert seq[0][0] == "reasoning"
@@ -175,7 +181,8 @@ async def test_reasoning_comes_before_a_tool_call(client: openai.AsyncOpenAI) ->
     )
     choice = resp.choices[0]
     reasoning = reasoning_of(choice.message)
-    assert reasoning and reasoning.strip()
+    assert reasoning
+    assert reasoning.strip()
     assert_untagged(reasoning, choice.message.content)
     assert "<tool_call>" not in reasoning
     assert choice.finish_reason == "tool_calls"

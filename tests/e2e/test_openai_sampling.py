@@ -57,7 +57,8 @@ async def test_n_choices_with_top_logprobs(client: openai.AsyncOpenAI) -> None:
     assert len({c.message.content for c in resp.choices}) == 3, "independent sequences"
     for choice in resp.choices:
         assert choice.finish_reason == "length"
-        assert choice.logprobs is not None and choice.logprobs.content is not None
+        assert choice.logprobs is not None
+        assert choice.logprobs.content is not None
         entries = choice.logprobs.content
         assert len(entries) == 6
         check_token_logprobs(entries, top=2)
@@ -73,7 +74,8 @@ async def test_logprobs_leave_out_only_the_hidden_eos(client: openai.AsyncOpenAI
     entries = 0
     for choice in resp.choices:
         assert choice.finish_reason == "stop"
-        assert choice.logprobs is not None and choice.logprobs.content is not None
+        assert choice.logprobs is not None
+        assert choice.logprobs.content is not None
         check_token_logprobs(choice.logprobs.content, top=1)
         assert "".join(e.token for e in choice.logprobs.content) == choice.message.content
         entries += len(choice.logprobs.content)
@@ -112,18 +114,18 @@ async def test_streamed_n_choices_each_finish_and_match_the_whole_answer(
             text[choice.index] = text.get(choice.index, "") + (choice.delta.content or "")
             if choice.logprobs is not None and choice.logprobs.content:
                 check_token_logprobs(choice.logprobs.content, top=2)
-                tokens.setdefault(choice.index, []).extend(
-                    e.token for e in choice.logprobs.content
-                )
+                tokens.setdefault(choice.index, []).extend(e.token for e in choice.logprobs.content)
             if choice.finish_reason is not None:
                 finishes.setdefault(choice.index, []).append(choice.finish_reason)
     assert roles == {0: 1, 1: 1, 2: 1}
     assert finishes == {0: ["length"], 1: ["length"], 2: ["length"]}
     for choice in whole.choices:
         assert text[choice.index] == choice.message.content
-        assert choice.logprobs is not None and choice.logprobs.content is not None
+        assert choice.logprobs is not None
+        assert choice.logprobs.content is not None
         assert tokens[choice.index] == [e.token for e in choice.logprobs.content]
-    assert usage is not None and whole.usage is not None
+    assert usage is not None
+    assert whole.usage is not None
     assert usage.completion_tokens == whole.usage.completion_tokens == 18
     assert usage.prompt_tokens == whole.usage.prompt_tokens
 
@@ -135,9 +137,40 @@ async def test_logprobs_true_without_top_logprobs_gives_empty_alternatives(
         model=MODEL, messages=CHAT, max_tokens=4, logprobs=True
     )
     logprobs = resp.choices[0].logprobs
-    assert logprobs is not None and logprobs.content is not None
+    assert logprobs is not None
+    assert logprobs.content is not None
     assert len(logprobs.content) == 4
     check_token_logprobs(logprobs.content, top=0)
+
+
+async def test_the_same_seed_gives_the_same_choices(client: openai.AsyncOpenAI) -> None:
+    kwargs: dict[str, Any] = {"model": MODEL, "messages": CHAT, "max_tokens": 6, "n": 2}
+    first = await client.chat.completions.create(**kwargs, seed=1)
+    again = await client.chat.completions.create(**kwargs, seed=1)
+    other = await client.chat.completions.create(**kwargs, seed=2)
+    texts = [c.message.content for c in first.choices]
+    assert texts == [c.message.content for c in again.choices]
+    assert texts != [c.message.content for c in other.choices]
+
+
+@pytest.mark.parametrize(
+    "greedy",
+    [{"temperature": 0}, {"extra_body": {"nvext": {"greed_sampling": True}}}],
+    ids=["temperature-0", "greed_sampling"],
+)
+async def test_greedy_n_choices_are_identical(
+    client: openai.AsyncOpenAI, greedy: dict[str, Any]
+) -> None:
+    resp = await client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=6, n=3, logprobs=True, top_logprobs=2, **greedy
+    )
+    texts = {c.message.content for c in resp.choices}
+    assert len(texts) == 1
+    for choice in resp.choices:
+        assert choice.logprobs is not None
+        assert choice.logprobs.content is not None
+        for entry in choice.logprobs.content:
+            assert entry.token == entry.top_logprobs[0].token
 
 
 # --- legacy completions log-probabilities --------------------------------------------------------
@@ -151,7 +184,9 @@ def check_legacy(text: str, logprobs: Any, start: int = 0) -> None:
     assert len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == len(tokens)
     offsets = [start + sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
     assert logprobs.text_offset == offsets
-    for token, value, top in zip(tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+    for token, value, top in zip(
+        tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True
+    ):
         if value is None:  # the first prompt token (echo) has no logprob
             assert top is None
             continue
@@ -210,7 +245,8 @@ async def test_completions_echo_with_logprobs_lists_the_prompt_tokens(
     )
     choice = resp.choices[0]
     assert choice.text.startswith(PROMPT)
-    assert choice.logprobs is not None and resp.usage is not None
+    assert choice.logprobs is not None
+    assert resp.usage is not None
     tokens = choice.logprobs.tokens or []
     assert len(tokens) == resp.usage.prompt_tokens + 3
     assert (choice.logprobs.token_logprobs or [])[0] is None
@@ -322,12 +358,6 @@ async def test_the_sdk_parses_a_pydantic_response_format(client: openai.AsyncOpe
     assert final.choices[0].message.parsed == parsed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="services/mocker/schema_instance.py _Writer._array writes at least one item at "
-    "every depth below MAX_DEPTH, so a recursive schema whose array is required (every "
-    "pydantic model in strict mode) nests 24 levels and ends in null: invalid JSON for it",
-)
 async def test_the_sdk_parses_a_recursive_pydantic_model(client: openai.AsyncOpenAI) -> None:
     resp = await client.chat.completions.parse(
         model=MODEL, messages=CHAT, max_tokens=2000, response_format=TreeNode
@@ -341,24 +371,24 @@ async def test_the_sdk_parses_a_recursive_pydantic_model(client: openai.AsyncOpe
 ANNOTATIONS = ["request_id", "token_ids", "formatted_prompt"]
 
 
-def parse_sse(body: str) -> list[dict[str, Any]]:
-    """The SSE frames of a body: ``event``, ``data`` and ``comment`` lines of each."""
-    frames = []
-    for block in body.split("\n\n"):
-        if not block:
-            continue
-        frame: dict[str, Any] = {"event": None, "data": [], "comment": []}
-        for line in block.split("\n"):
-            field, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if field == "":
-                frame["comment"].append(value)
-            elif field == "event":
-                frame["event"] = value
-            elif field == "data":
-                frame["data"].append(value)
-        frames.append(frame)
-    return frames
+def read_stream(body: str) -> tuple[list[tuple[str, Any]], list[str]]:
+    """A raw SSE body as a Dynamo client reads it: the ``(name, value)`` of each ``event:``
+    line and the JSON comment line after it, all before the first ``data:`` line; then every
+    ``data:`` payload."""
+    notes: list[tuple[str, Any]] = []
+    data: list[str] = []
+    name: str | None = None
+    for line in body.split("\n"):
+        if line.startswith("data:"):
+            data.append(line.removeprefix("data:").removeprefix(" "))
+        elif data:
+            assert not line.startswith((":", "event:")), "nothing after the first chunk"
+        elif line.startswith("event:"):
+            name = line.removeprefix("event:").strip()
+        elif line.startswith(":") and name is not None:
+            notes.append((name, json.loads(line[1:])))
+            name = None
+    return notes, data
 
 
 async def test_annotations_come_as_event_frames_before_the_first_chunk(stack: Stack) -> None:
@@ -373,29 +403,28 @@ async def test_annotations_come_as_event_frames_before_the_first_chunk(stack: St
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as http:
         resp = await http.post("/v1/chat/completions", json=body)
     assert resp.status_code == 200
-    frames = parse_sse(resp.text)
-    head = frames[:3]
-    assert [f["event"] for f in head] == ANNOTATIONS
-    assert all(f["data"] == [] and len(f["comment"]) == 1 for f in head)
-    values = {f["event"]: json.loads(f["comment"][0]) for f in head}
+    notes, data = read_stream(resp.text)
+    assert [name for name, _ in notes] == ANNOTATIONS
+    values = dict(notes)
     assert values["request_id"] == resp.headers["x-request-id"]
     prompt = values["formatted_prompt"]
     assert "Tell me about the sea." in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
-    chunks = [json.loads(f["data"][0]) for f in frames[3:] if f["data"] != ["[DONE]"]]
-    assert all(f["event"] is None for f in frames[3:])
-    assert frames[-1]["data"] == ["[DONE]"]
-    usage = chunks[-1]["usage"]
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     ids = values["token_ids"]
     assert all(isinstance(i, int) for i in ids)
-    assert len(ids) == usage["prompt_tokens"]
+    assert len(ids) == chunks[-1]["usage"]["prompt_tokens"]
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="shared/sse.py annotation(): an `event:` frame with no `data:` is dispatched by the "
-    "openai SDK's SSEDecoder (it dispatches whenever `event` is set), whose Stream then runs "
-    "json.loads('') and raises JSONDecodeError: the SDK cannot stream with nvext.annotations",
+    reason="the openai SDK, not JetServe: annotations are Dynamo's frames (shared/sse.py "
+    "annotation(): `event:` and a comment, no `data:`), which the SSE standard says not to "
+    "dispatch (an empty data buffer); the SDK's SSEDecoder dispatches whenever `event` is set "
+    "and its Stream raises JSONDecodeError on json.loads(''). Clients that want annotations "
+    "read the SSE themselves (test_annotations_come_as_event_frames_before_the_first_chunk)",
 )
 async def test_the_sdk_stream_ignores_annotations(client: openai.AsyncOpenAI) -> None:
     stream = await client.chat.completions.create(
@@ -444,15 +473,16 @@ async def test_token_data_skips_the_template(stack: Stack, client: openai.AsyncO
         "nvext": {"annotations": ["token_ids"]},
     }
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as http:
-        frames = parse_sse((await http.post("/v1/chat/completions", json=body)).text)
-    assert frames[0]["event"] == "token_ids"
-    ids = json.loads(frames[0]["comment"][0])
+        notes, _ = read_stream((await http.post("/v1/chat/completions", json=body)).text)
+    assert [name for name, _ in notes] == ["token_ids"]
+    ids = notes[0][1]
     plain = await client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5)
     other: list[Any] = [{"role": "user", "content": "Something else entirely, and longer."}]
     by_ids = await client.chat.completions.create(
         model=MODEL, messages=other, max_tokens=5, extra_body={"nvext": {"token_data": ids}}
     )
-    assert plain.usage is not None and by_ids.usage is not None
+    assert plain.usage is not None
+    assert by_ids.usage is not None
     assert by_ids.usage.prompt_tokens == plain.usage.prompt_tokens == len(ids)
     assert by_ids.choices[0].message.content == plain.choices[0].message.content
     completion = await client.completions.create(
@@ -471,7 +501,9 @@ async def test_use_raw_prompt_sends_the_text_without_the_template(
     )
     templated = await client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=3)
     completion = await client.completions.create(model=MODEL, prompt=text, max_tokens=3)
-    assert raw.usage is not None and templated.usage is not None and completion.usage is not None
+    assert raw.usage is not None
+    assert templated.usage is not None
+    assert completion.usage is not None
     assert raw.usage.prompt_tokens == completion.usage.prompt_tokens
     assert raw.usage.prompt_tokens < templated.usage.prompt_tokens
 

@@ -79,7 +79,8 @@ async def reassemble(stream: Any) -> tuple[str, list[dict[str, Any]], list[str |
                 if fragment.index not in calls:
                     assert fragment.id, "the first fragment of a call carries its id"
                     assert fragment.type == "function"
-                    assert function is not None and function.name
+                    assert function is not None
+                    assert function.name
                     calls[fragment.index] = {
                         "id": fragment.id,
                         "name": function.name,
@@ -87,7 +88,8 @@ async def reassemble(stream: Any) -> tuple[str, list[dict[str, Any]], list[str |
                     }
                 else:
                     assert fragment.id is None, "only the first fragment carries the id"
-                    assert function is not None and not function.name
+                    assert function is not None
+                    assert not function.name
                     calls[fragment.index]["arguments"] += function.arguments or ""
             if choice.finish_reason is not None:
                 finishes.append(choice.finish_reason)
@@ -234,10 +236,12 @@ async def test_a_tool_round_trip_ends_in_a_text_answer(client: openai.AsyncOpenA
     )
     answer = final.choices[0]
     assert answer.message.tool_calls is None
-    assert answer.message.content and answer.message.content.strip()
+    assert answer.message.content
+    assert answer.message.content.strip()
     assert "<tool_call>" not in answer.message.content
     assert answer.finish_reason == "stop"
-    assert final.usage is not None and first.usage is not None
+    assert final.usage is not None
+    assert first.usage is not None
     # The prompt now holds the call and its result: it is longer than the first one.
     assert final.usage.prompt_tokens > first.usage.prompt_tokens + 10
 
@@ -293,7 +297,8 @@ async def test_a_call_cut_by_max_tokens_streams_as_it_answers_whole(
         seen_call |= bool(calls)
         for _, arguments in calls:
             assert isinstance(arguments, dict)
-    assert seen_content and seen_call
+    assert seen_content
+    assert seen_call
 
 
 class Address(BaseModel):
@@ -337,3 +342,113 @@ async def test_the_sdk_parses_a_pydantic_tool_whole_and_streamed(
     assert final.choices[0].finish_reason == "tool_calls"
     streamed = final.choices[0].message.tool_calls or []
     assert [c.function.parsed_arguments for c in streamed] == [parsed]
+
+
+TRICKY = [
+    'a "quoted" word',
+    "back\\slash",
+    "line\nbreak\ttab",
+    "emoji 😀 日本語 café",
+    "</tool_call>",
+    "<tool_call>",
+    "</think>",
+    '{"nested": "json"}',
+]
+
+
+@pytest.mark.parametrize("value", TRICKY, ids=range(len(TRICKY)))
+async def test_arguments_with_escapes_and_markup_survive_whole_and_streamed(
+    client: openai.AsyncOpenAI, value: str
+) -> None:
+    """A string argument with JSON escapes, non-ASCII text or the syntax's own tags (single
+    added tokens in Qwen3's vocabulary) comes back exactly."""
+    tool: Any = {
+        "type": "function",
+        "function": {
+            "name": "echo",
+            "parameters": {
+                "type": "object",
+                "properties": {"text": {"enum": [value]}},
+                "required": ["text"],
+            },
+        },
+    }
+    kwargs: dict[str, Any] = {
+        "model": MODEL,
+        "messages": ASK,
+        "tools": [tool],
+        "tool_choice": "required",
+        "max_tokens": 100,
+    }
+    whole = await client.chat.completions.create(**kwargs)
+    calls = whole.choices[0].message.tool_calls or []
+    assert len(calls) == 1
+    assert isinstance(calls[0], ChatCompletionMessageToolCall)
+    assert json.loads(calls[0].function.arguments) == {"text": value}
+    assert whole.choices[0].finish_reason == "tool_calls"
+    content, streamed, finishes = await reassemble(
+        await client.chat.completions.create(**kwargs, stream=True)
+    )
+    assert content == ""
+    assert [c["arguments"] for c in streamed] == [calls[0].function.arguments]
+    assert finishes == ["tool_calls"]
+
+
+async def test_a_named_choice_calls_only_that_function(client: openai.AsyncOpenAI) -> None:
+    resp = await client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=True,
+        max_tokens=200,
+    )
+    calls = resp.choices[0].message.tool_calls or []
+    assert calls
+    for call in calls:
+        assert isinstance(call, ChatCompletionMessageToolCall)
+        assert call.function.name == "get_time"
+        arguments_of(call)
+
+
+async def test_deprecated_functions_answer_with_function_call(client: openai.AsyncOpenAI) -> None:
+    resp = await client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        functions=[WEATHER["function"]],
+        function_call={"name": "get_weather"},
+        max_tokens=200,
+    )
+    choice = resp.choices[0]
+    assert choice.finish_reason == "function_call"
+    assert choice.message.tool_calls is None
+    call = choice.message.function_call
+    assert call is not None
+    assert call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMETERS)
+
+
+async def test_deprecated_functions_stream_a_function_call(client: openai.AsyncOpenAI) -> None:
+    stream = await client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        functions=[WEATHER["function"]],
+        function_call={"name": "get_weather"},
+        max_tokens=200,
+        stream=True,
+    )
+    names: list[str] = []
+    arguments = ""
+    finishes: list[str] = []
+    async for chunk in stream:
+        for choice in chunk.choices:
+            assert choice.delta.tool_calls is None
+            call = choice.delta.function_call
+            if call is not None:
+                names += [call.name] if call.name else []
+                arguments += call.arguments or ""
+            if choice.finish_reason is not None:
+                finishes.append(choice.finish_reason)
+    assert names == ["get_weather"]
+    assert finishes == ["function_call"]
+    jsonschema.validate(json.loads(arguments), WEATHER_PARAMETERS)

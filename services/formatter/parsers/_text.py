@@ -1,13 +1,11 @@
 """Text helpers every parser shares: marker search that holds back a possible marker start,
-the whitespace gap between tool calls, piece merging and tool-call ids. Pure."""
+the whitespace gap between tool calls and tool-call ids (joining pieces: ``pieces.tidy``). Pure.
+"""
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Sequence
-from typing import TypeVar
-
-from services.formatter.pieces import Content, Reasoning, ToolCallArgs, ToolCallStart
 
 IdFactory = Callable[[], str]
 
@@ -81,31 +79,3 @@ class Gap:
         """At the end: the held whitespace, kept only when no call was made."""
         held, self._held = self._held, ""
         return "" if self.calls_seen else held
-
-
-P = TypeVar("P", bound=Content | Reasoning | ToolCallStart | ToolCallArgs)
-
-
-def merge(pieces: Sequence[P]) -> list[P]:
-    """Join adjacent pieces of the same kind (arguments of the same call); drop empty text."""
-    out: list[P] = []
-    for piece in pieces:
-        if isinstance(piece, ToolCallStart):
-            out.append(piece)
-            continue
-        if not piece.text:
-            continue
-        last = out[-1] if out else None
-        if isinstance(piece, Content) and isinstance(last, Content):
-            out[-1] = Content(last.text + piece.text)  # type: ignore[assignment]
-        elif isinstance(piece, Reasoning) and isinstance(last, Reasoning):
-            out[-1] = Reasoning(last.text + piece.text)  # type: ignore[assignment]
-        elif (
-            isinstance(piece, ToolCallArgs)
-            and isinstance(last, ToolCallArgs)
-            and last.index == piece.index
-        ):
-            out[-1] = ToolCallArgs(piece.index, last.text + piece.text)  # type: ignore[assignment]
-        else:
-            out.append(piece)
-    return out

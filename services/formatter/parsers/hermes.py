@@ -16,12 +16,11 @@ from services.formatter.parsers._text import (
     Gap,
     IdFactory,
     find_marker,
-    merge,
     new_call_id,
     partial_tail,
     split_certain,
 )
-from services.formatter.pieces import Content, ToolCallArgs, ToolCallStart, ToolPiece
+from services.formatter.pieces import Content, ToolCallArgs, ToolCallStart, ToolPiece, tidy
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -52,7 +51,7 @@ class HermesParser:
         out: list[ToolPiece] = []
         self._buf += text
         self._run(out)
-        return merge(out)
+        return tidy(out)
 
     def flush(self) -> list[ToolPiece]:
         out: list[ToolPiece] = []
@@ -65,7 +64,7 @@ class HermesParser:
             out.append(Content(self._gap.text(self._buf)))
         out.append(Content(self._gap.flush()))
         self._buf, self._state, self._call = "", _State.TEXT, None
-        return merge(out)
+        return tidy(out)
 
     def _run(self, out: list[ToolPiece]) -> None:
         while self._buf or (self._state is _State.CALL and self._call is not None):

@@ -14,8 +14,8 @@ from enum import Enum
 
 from services.formatter.parsers._calls import CallObject, Status
 from services.formatter.parsers._json import WHITESPACE
-from services.formatter.parsers._text import Gap, IdFactory, merge, new_call_id
-from services.formatter.pieces import Content, ToolCallArgs, ToolCallStart, ToolPiece
+from services.formatter.parsers._text import Gap, IdFactory, new_call_id
+from services.formatter.pieces import Content, ToolCallArgs, ToolCallStart, ToolPiece, tidy
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -46,7 +46,7 @@ class Llama3JsonParser:
         self._buf += text
         while self._buf and self._step(out):
             pass
-        return merge(out)
+        return tidy(out)
 
     def flush(self) -> list[ToolPiece]:
         out: list[ToolPiece] = []
@@ -57,7 +57,7 @@ class Llama3JsonParser:
             out.append(Content(self._gap.text(self._held + raw + self._buf)))
         out.append(Content(self._gap.flush()))
         self._buf, self._held, self._call, self._state = "", "", None, _State.CONTENT
-        return merge(out)
+        return tidy(out)
 
     def _step(self, out: list[ToolPiece]) -> bool:
         """Advance on the buffer; ``False`` when more text is needed."""

@@ -18,11 +18,10 @@ from services.formatter.parsers._text import (
     Gap,
     IdFactory,
     find_marker,
-    merge,
     new_call_id,
     split_certain,
 )
-from services.formatter.pieces import Content, ToolCallArgs, ToolCallStart, ToolPiece
+from services.formatter.pieces import Content, ToolCallArgs, ToolCallStart, ToolPiece, tidy
 
 MARKER = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -62,7 +61,7 @@ class MistralParser:
         self._buf += text
         while (self._buf or self._state is _State.CALL) and self._step(out):
             pass
-        return merge(out)
+        return tidy(out)
 
     def flush(self) -> list[ToolPiece]:
         out: list[ToolPiece] = []
@@ -74,7 +73,7 @@ class MistralParser:
             out.append(Content(self._gap.text(self._held + self._buf)))
         out.append(Content(self._gap.flush()))
         self._buf, self._held, self._call, self._state = "", "", None, _State.CONTENT
-        return merge(out)
+        return tidy(out)
 
     def _step(self, out: list[ToolPiece]) -> bool:
         """Advance on the buffer; ``False`` when more text is needed."""

@@ -21,12 +21,11 @@ from services.formatter.parsers._text import (
     Gap,
     IdFactory,
     find_marker,
-    merge,
     new_call_id,
     partial_tail,
     split_certain,
 )
-from services.formatter.pieces import Content, ToolCallArgs, ToolCallStart, ToolPiece
+from services.formatter.pieces import Content, ToolCallArgs, ToolCallStart, ToolPiece, tidy
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -79,7 +78,7 @@ class Qwen3CoderParser:
         self._buf += text
         while self._buf and self._step(out):
             pass
-        return merge(out)
+        return tidy(out)
 
     def flush(self) -> list[ToolPiece]:
         out: list[ToolPiece] = []
@@ -96,7 +95,7 @@ class Qwen3CoderParser:
             out.append(ToolCallArgs(self._index, self._closer()))
         out.append(Content(self._gap.flush()))
         self._buf, self._state = "", _State.TEXT
-        return merge(out)
+        return tidy(out)
 
     def _step(self, out: list[ToolPiece]) -> bool:
         """Advance on the buffer; ``False`` when more text is needed."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import Enum
 
-from services.formatter.parsers._text import find_marker, merge, split_certain
-from services.formatter.pieces import Content, Reasoning, TextPiece
+from services.formatter.parsers._text import find_marker, split_certain
+from services.formatter.pieces import Content, Reasoning, TextPiece, tidy
 
 START = "<think>"
 END = "</think>"
@@ -48,7 +48,7 @@ class ThinkParser:
         self._buf += text
         while self._buf and self._step(out):
             pass
-        return merge(out)
+        return tidy(out)
 
     def flush(self) -> list[TextPiece]:
         out: list[TextPiece] = []
@@ -59,7 +59,7 @@ class ThinkParser:
         elif self._state in (_State.LEAD, _State.CONTENT):
             out.append(Content(self._buf))
         self._buf, self._state = "", _State.CONTENT
-        return merge(out)
+        return tidy(out)
 
     def _step(self, out: list[TextPiece]) -> bool:
         """Advance on the buffer; ``False`` when more text is needed."""

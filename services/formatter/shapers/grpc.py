@@ -16,21 +16,22 @@ from shared.kserve_wire import TextResponses, usage_parameters
 from shared.messages import KServeOutput, StreamOpen
 
 
-class TextShaper:
-    """Plain UTF-8 text (``format="text"``): no framing, no JSON, no usage.
-
-    Streaming: each delta is the new text; the finish adds nothing (the finish reason and the
-    token counts travel on the done ``ResponseChunk`` itself). Not streaming: the whole text.
-    """
+class _TextOut:
+    """What both gRPC shapers do: every delta is the new text (the echo first), framed by
+    ``_emit``; no opening."""
 
     __slots__ = ("_echo",)
 
     def __init__(self, open_: StreamOpen) -> None:
         self._echo = open_.prompt_text if open_.output.echo else ""
 
-    def _text(self, pieces: Sequence[Piece]) -> str:
+    def _emit(self, text: str) -> bytes:
+        """The bytes of a delta's text (``b""`` or a frame for empty text)."""
+        raise NotImplementedError
+
+    def _text(self, pieces: Sequence[Piece]) -> bytes:
         text, self._echo = self._echo + text_of(pieces), ""
-        return text
+        return self._emit(text)
 
     def opening(self, usage: Usage | None = None) -> bytes:
         return b""
@@ -42,15 +43,28 @@ class TextShaper:
         logprobs: Sequence[TokenLogprobs] = (),
         usage: Usage | None = None,
     ) -> bytes:
-        return self._text(pieces).encode()
+        return self._text(pieces)
 
     def text_delta(self, choice: int, text: str) -> bytes:
         if self._echo:
             text, self._echo = self._echo + text, ""
-        return text.encode()
+        return self._emit(text)
 
     def choice_end(self, choice: int, end: ChoiceEnd, usage: Usage | None = None) -> bytes:
-        return self._text(()).encode()
+        return self._text(())
+
+
+class TextShaper(_TextOut):
+    """Plain UTF-8 text (``format="text"``): no framing, no JSON, no usage.
+
+    Streaming: each delta is the new text; the finish adds nothing (the finish reason and the
+    token counts travel on the done ``ResponseChunk`` itself). Not streaming: the whole text.
+    """
+
+    __slots__ = ()
+
+    def _emit(self, text: str) -> bytes:
+        return text.encode()
 
     def closing(self, usage: Usage, nvext: Nvext | None = None) -> bytes:
         return b""
@@ -62,44 +76,26 @@ class TextShaper:
         return (self._echo + message.reasoning + message.content).encode()
 
 
-class KServeShaper:
+class KServeShaper(_TextOut):
     """KServe ``ModelStreamInferResponse`` messages (``shared.kserve_wire``): a ``text_output``
     delta per batch with text, then the last response with ``finish_reason`` and the token counts
     as ``parameters``. ``body`` (not streaming) is that last response with the whole text."""
 
-    __slots__ = ("_echo", "_finish_reason", "_responses")
+    __slots__ = ("_finish_reason", "_responses")
 
     def __init__(self, open_: StreamOpen) -> None:
+        super().__init__(open_)
         kserve = open_.output.kserve or KServeOutput()
         self._responses = TextResponses(open_.model, kserve.id, kserve.outputs)
-        self._echo = open_.prompt_text if open_.output.echo else ""
         self._finish_reason: str | None = None
 
-    def _delta(self, pieces: Sequence[Piece]) -> bytes:
-        text, self._echo = self._echo + text_of(pieces), ""
+    def _emit(self, text: str) -> bytes:
         return self._responses.delta(text.encode()) if text else b""
-
-    def opening(self, usage: Usage | None = None) -> bytes:
-        return b""
-
-    def delta(
-        self,
-        choice: int,
-        pieces: Sequence[Piece],
-        logprobs: Sequence[TokenLogprobs] = (),
-        usage: Usage | None = None,
-    ) -> bytes:
-        return self._delta(pieces)
-
-    def text_delta(self, choice: int, text: str) -> bytes:
-        if self._echo:
-            text, self._echo = self._echo + text, ""
-        return self._responses.delta(text.encode())
 
     def choice_end(self, choice: int, end: ChoiceEnd, usage: Usage | None = None) -> bytes:
         if self._finish_reason is None or choice == 0:
             self._finish_reason = end.finish_reason
-        return self._delta(())
+        return super().choice_end(choice, end, usage)
 
     def closing(self, usage: Usage, nvext: Nvext | None = None) -> bytes:
         return self._responses.last(self._finish_reason or "stop", _counts(usage))

@@ -4,17 +4,19 @@ Streaming: one role chunk per choice, then one chunk per piece (``delta.content`
 ``delta.reasoning_content``, ``delta.tool_calls``: a call's first fragment carries ``index``,
 ``id``, ``type`` and ``function.name`` with empty ``arguments``, later ones ``index`` and an
 ``arguments`` fragment), a finish chunk per choice (``finish_reason`` ``tool_calls`` when the
-model called a tool), the usage chunk and ``[DONE]``. The last finish chunk is held until
-``closing`` so that it carries ``nvext``. A plain content delta with no log-probabilities and no
-usage takes the precomputed frame (``frames.Templates``). Field order follows OpenAI's.
+model called a tool), the usage chunk and ``[DONE]``. A request that sent the deprecated
+``functions`` (``OutputOptions.legacy_functions``) gets its call as ``function_call`` instead
+(``delta.function_call``, ``message.function_call``, ``finish_reason: "function_call"``).
+The last finish chunk is held until ``closing`` so that it carries ``nvext``. A plain content
+delta with no log-probabilities and no usage takes the precomputed frame (``frames.Templates``).
+The Structs are ``shared.api_objects``'.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import msgspec
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET
 
 from services.formatter.pieces import (
     ChoiceEnd,
@@ -26,104 +28,28 @@ from services.formatter.pieces import (
     TokenLogprobs,
     ToolCallStart,
 )
-from services.formatter.shapers.frames import MARK, Templates, encode
+from services.formatter.shapers.frames import OpenAIShaper, encode
 from services.formatter.shaping import Nvext, Usage
 from shared import sse
+from shared.api_objects import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChoiceLogprobs,
+    ChunkChoice,
+    ContentLogprob,
+    Delta,
+    Function,
+    FunctionDelta,
+    ToolCall,
+    ToolCallDelta,
+    TopLogprob,
+)
 from shared.messages import StreamOpen
 
 MIN_LOGPROB = -9999.0
 """JSON has no ``-inf``: lower log-probabilities are shown as this (as vLLM does)."""
-
-
-class TopLogprob(msgspec.Struct, kw_only=True):
-    token: str
-    logprob: float
-    bytes: tuple[int, ...] | None
-
-
-class ContentLogprob(msgspec.Struct, kw_only=True):
-    token: str
-    logprob: float
-    bytes: tuple[int, ...] | None
-    top_logprobs: list[TopLogprob]
-
-
-class ChoiceLogprobs(msgspec.Struct, kw_only=True):
-    content: list[ContentLogprob] | None
-
-
-class FunctionDelta(msgspec.Struct, kw_only=True):
-    name: str | UnsetType = UNSET
-    arguments: str
-
-
-class ToolCallDelta(msgspec.Struct, kw_only=True):
-    index: int
-    id: str | UnsetType = UNSET
-    type: str | UnsetType = UNSET
-    function: FunctionDelta
-
-
-class Delta(msgspec.Struct, kw_only=True):
-    role: str | UnsetType = UNSET
-    content: str | UnsetType = UNSET
-    reasoning_content: str | UnsetType = UNSET
-    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
-
-
-class ChunkChoice(msgspec.Struct, kw_only=True):
-    index: int = 0
-    delta: Delta
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(msgspec.Struct, kw_only=True):
-    id: str
-    object: str = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChunkChoice]
-    usage: Usage | UnsetType | None = UNSET
-    """Absent unless ``include_usage``; then ``null`` on every chunk but the last."""
-    nvext: Nvext | UnsetType = UNSET
-    """Only on the last finish chunk, and only when ``nvext.extra_fields`` asked for something."""
-
-
-class Function(msgspec.Struct, kw_only=True):
-    name: str
-    arguments: str
-
-
-class ToolCall(msgspec.Struct, kw_only=True):
-    id: str
-    type: str = "function"
-    function: Function
-
-
-class ChatMessage(msgspec.Struct, kw_only=True):
-    role: str = "assistant"
-    content: str | None
-    """``null`` when the message is only tool calls (as OpenAI)."""
-    reasoning_content: str | UnsetType = UNSET
-    tool_calls: list[ToolCall] | UnsetType = UNSET
-
-
-class ChatChoice(msgspec.Struct, kw_only=True):
-    index: int = 0
-    message: ChatMessage
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: str
-
-
-class ChatCompletion(msgspec.Struct, kw_only=True):
-    id: str
-    object: str = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    nvext: Nvext | UnsetType = UNSET
 
 
 def chat_logprobs(logprobs: Sequence[TokenLogprobs]) -> ChoiceLogprobs:
@@ -158,7 +84,14 @@ def piece_delta(piece: Piece) -> Delta:
     return Delta(tool_calls=[ToolCallDelta(index=piece.index, function=fragment)])
 
 
-def chat_message(message: Collected) -> ChatMessage:
+def legacy_delta(delta: Delta) -> Delta:
+    """A tool-call ``delta`` in the deprecated ``functions`` form (``delta.function_call``)."""
+    if not delta.tool_calls:
+        return delta
+    return Delta(function_call=delta.tool_calls[0].function)
+
+
+def chat_message(message: Collected, *, legacy_functions: bool = False) -> AssistantMessage:
     """The non-streaming ``message`` of a choice."""
     calls = [
         ToolCall(id=c.id, function=Function(name=c.name, arguments=c.arguments))
@@ -167,51 +100,42 @@ def chat_message(message: Collected) -> ChatMessage:
     content: str | None = message.content
     if calls and not message.content.strip():
         content = None
-    return ChatMessage(
+    if legacy_functions and calls:
+        return AssistantMessage(
+            content=content,
+            reasoning_content=message.reasoning or UNSET,
+            function_call=calls[0].function,
+        )
+    return AssistantMessage(
         content=content,
         reasoning_content=message.reasoning or UNSET,
         tool_calls=calls or UNSET,
     )
 
 
-class ChatShaper:
+def finish_reason(end: ChoiceEnd, *, legacy_functions: bool) -> str:
+    """OpenAI's ``finish_reason`` (``function_call`` for the deprecated ``functions``)."""
+    reason = end.openai_reason
+    return "function_call" if legacy_functions and reason == "tool_calls" else reason
+
+
+class ChatShaper(OpenAIShaper):
     """``chat.completion`` / ``chat.completion.chunk`` for one request (``n`` choices)."""
 
-    __slots__ = (
-        "_continuous",
-        "_ended",
-        "_frames",
-        "_id",
-        "_include_usage",
-        "_last",
-        "_n",
-        "_open",
-    )
+    __slots__ = ("_legacy",)
+
+    chunk_type = ChatCompletionChunk
 
     def __init__(self, open_: StreamOpen) -> None:
-        self._open = open_
-        self._id = f"chatcmpl-{open_.request_id}"
-        self._include_usage = open_.output.include_usage
-        self._continuous = open_.output.include_usage and open_.output.continuous_usage
-        self._n = max(1, open_.output.n)
-        self._ended = 0
-        self._last: tuple[int, ChoiceEnd, Usage | None] | None = None
-        """The last choice's finish, held for ``closing``."""
-        self._frames = Templates(
-            lambda index: self._chunk([ChunkChoice(index=index, delta=Delta(content=MARK))])
-        )
+        self._legacy = open_.output.legacy_functions
+        super().__init__(open_, "chatcmpl-")
 
-    def _chunk(
-        self, choices: list[ChunkChoice], usage: Usage | None = None, nvext: Nvext | None = None
-    ) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            id=self._id,
-            created=self._open.created,
-            model=self._open.model,
-            choices=choices,
-            usage=usage if self._include_usage else UNSET,
-            nvext=UNSET if nvext is None else nvext,
-        )
+    def _text_choice(self, index: int, text: str) -> ChunkChoice:
+        return ChunkChoice(index=index, delta=Delta(content=text))
+
+    def _finish_choice(self, index: int, end: ChoiceEnd) -> ChunkChoice:
+        reason = finish_reason(end, legacy_functions=self._legacy)
+        return ChunkChoice(index=index, delta=Delta(), finish_reason=reason)
 
     def opening(self, usage: Usage | None = None) -> bytes:
         return b"".join(
@@ -229,6 +153,8 @@ class ChatShaper:
         if usage is None and not logprobs and len(pieces) == 1 and type(pieces[0]) is Content:
             return self._frames.frame(choice, pieces[0].text)  # the fast path, inlined
         deltas = [piece_delta(p) for p in pieces]
+        if self._legacy:
+            deltas = [legacy_delta(d) for d in deltas]
         if not deltas:
             if not logprobs:
                 return b""
@@ -241,56 +167,19 @@ class ChatShaper:
             shown = None  # the batch's log-probabilities go with its first chunk
         return out
 
-    def text_delta(self, choice: int, text: str) -> bytes:
-        return self._frames.frame(choice, text)
-
-    def choice_end(self, choice: int, end: ChoiceEnd, usage: Usage | None = None) -> bytes:
-        self._ended += 1
-        if self._ended >= self._n:
-            self._last = (choice, end, usage)
-            return b""
-        return self._finish(choice, end, usage)
-
-    def _finish(
-        self, choice: int, end: ChoiceEnd, usage: Usage | None, nvext: Nvext | None = None
-    ) -> bytes:
-        finish = ChunkChoice(index=choice, delta=Delta(), finish_reason=end.openai_reason)
-        return sse.frame(encode(self._chunk([finish], usage, nvext)))
-
-    def closing(self, usage: Usage, nvext: Nvext | None = None) -> bytes:
-        out = b"" if self._last is None else self._finish(*self._last, nvext)
-        if self._include_usage:
-            final = ChatCompletionChunk(
-                id=self._id,
-                created=self._open.created,
-                model=self._open.model,
-                choices=[],
-                usage=usage,
-            )
-            out += sse.frame(encode(final))
-        return out + sse.DONE
-
     def body(
         self, choices: Sequence[ChoiceResult], usage: Usage, nvext: Nvext | None = None
     ) -> bytes:
-        return encode(
-            ChatCompletion(
-                id=self._id,
-                created=self._open.created,
-                model=self._open.model,
-                choices=[
-                    ChatChoice(
-                        index=c.index,
-                        message=chat_message(c.message),
-                        logprobs=None if c.logprobs is None else chat_logprobs(c.logprobs),
-                        finish_reason=c.end.openai_reason,
-                    )
-                    for c in choices
-                ],
-                usage=usage,
-                nvext=UNSET if nvext is None else nvext,
+        items = [
+            ChatChoice(
+                index=c.index,
+                message=chat_message(c.message, legacy_functions=self._legacy),
+                logprobs=None if c.logprobs is None else chat_logprobs(c.logprobs),
+                finish_reason=finish_reason(c.end, legacy_functions=self._legacy),
             )
-        )
+            for c in choices
+        ]
+        return encode(self._envelope(ChatCompletion, items, usage, nvext))
 
 
 _ROLE = Delta(role="assistant", content="")

@@ -12,39 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import msgspec
-from msgspec import UNSET, UnsetType
-
 from services.formatter.pieces import ChoiceEnd, ChoiceResult, Content, Piece, TokenLogprobs
-from services.formatter.shapers.frames import MARK, Templates, encode, plain_text, text_of
+from services.formatter.shapers.frames import OpenAIShaper, encode, plain_text, text_of
 from services.formatter.shapers.openai_chat import MIN_LOGPROB
 from services.formatter.shaping import Nvext, Usage
 from shared import sse
+from shared.api_objects import Completion, CompletionChoice, CompletionLogprobs
 from shared.messages import StreamOpen
-
-
-class CompletionLogprobs(msgspec.Struct, kw_only=True):
-    tokens: list[str]
-    token_logprobs: list[float | None]
-    top_logprobs: list[dict[str, float] | None]
-    text_offset: list[int]
-
-
-class CompletionChoice(msgspec.Struct, kw_only=True):
-    index: int = 0
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class Completion(msgspec.Struct, kw_only=True):
-    id: str
-    object: str = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | UnsetType | None = UNSET
-    nvext: Nvext | UnsetType = UNSET
 
 
 def legacy_logprobs(logprobs: Sequence[TokenLogprobs], offset: int) -> CompletionLogprobs:
@@ -62,54 +36,26 @@ def legacy_logprobs(logprobs: Sequence[TokenLogprobs], offset: int) -> Completio
     return shown
 
 
-class CompletionShaper:
+class CompletionShaper(OpenAIShaper):
     """``text_completion`` objects for one request; ``echo`` prepends the prompt."""
 
-    __slots__ = (
-        "_continuous",
-        "_echo",
-        "_echo_due",
-        "_ended",
-        "_frames",
-        "_id",
-        "_include_usage",
-        "_last",
-        "_n",
-        "_offsets",
-        "_open",
-    )
+    __slots__ = ("_echo", "_echo_due", "_offsets")
+
+    chunk_type = Completion
 
     def __init__(self, open_: StreamOpen) -> None:
-        self._open = open_
-        self._id = f"cmpl-{open_.request_id}"
-        self._include_usage = open_.output.include_usage
-        self._continuous = open_.output.include_usage and open_.output.continuous_usage
-        self._n = max(1, open_.output.n)
+        super().__init__(open_, "cmpl-")
         self._echo = open_.prompt_text if open_.output.echo else ""
         self._echo_due = set(range(self._n)) if self._echo else set()
         """Choices whose echo is not sent yet."""
         self._offsets = [len(self._echo)] * self._n
         """Per choice: the character offset of its next token (``text_offset``)."""
-        self._ended = 0
-        self._last: tuple[int, ChoiceEnd, Usage | None] | None = None
-        self._frames = Templates(
-            lambda index: self._chunk([CompletionChoice(index=index, text=MARK)])
-        )
 
-    def _chunk(
-        self,
-        choices: list[CompletionChoice],
-        usage: Usage | None = None,
-        nvext: Nvext | None = None,
-    ) -> Completion:
-        return Completion(
-            id=self._id,
-            created=self._open.created,
-            model=self._open.model,
-            choices=choices,
-            usage=usage if self._include_usage else UNSET,
-            nvext=UNSET if nvext is None else nvext,
-        )
+    def _text_choice(self, index: int, text: str) -> CompletionChoice:
+        return CompletionChoice(index=index, text=text)
+
+    def _finish_choice(self, index: int, end: ChoiceEnd) -> CompletionChoice:
+        return CompletionChoice(index=index, text="", finish_reason=end.finish_reason)
 
     def opening(self, usage: Usage | None = None) -> bytes:
         return b""
@@ -146,30 +92,7 @@ class CompletionShaper:
 
     def choice_end(self, choice: int, end: ChoiceEnd, usage: Usage | None = None) -> bytes:
         out = self.delta(choice, (), (), usage) if choice in self._echo_due else b""
-        self._ended += 1
-        if self._ended >= self._n:
-            self._last = (choice, end, usage)
-            return out
-        return out + self._finish(choice, end, usage)
-
-    def _finish(
-        self, choice: int, end: ChoiceEnd, usage: Usage | None, nvext: Nvext | None = None
-    ) -> bytes:
-        item = CompletionChoice(index=choice, text="", finish_reason=end.finish_reason)
-        return sse.frame(encode(self._chunk([item], usage, nvext)))
-
-    def closing(self, usage: Usage, nvext: Nvext | None = None) -> bytes:
-        out = b"" if self._last is None else self._finish(*self._last, nvext)
-        if self._include_usage:
-            final = Completion(
-                id=self._id,
-                created=self._open.created,
-                model=self._open.model,
-                choices=[],
-                usage=usage,
-            )
-            out += sse.frame(encode(final))
-        return out + sse.DONE
+        return out + super().choice_end(choice, end, usage)
 
     def body(
         self, choices: Sequence[ChoiceResult], usage: Usage, nvext: Nvext | None = None
@@ -184,13 +107,4 @@ class CompletionShaper:
             )
             for c in choices
         ]
-        return encode(
-            Completion(
-                id=self._id,
-                created=self._open.created,
-                model=self._open.model,
-                choices=items,
-                usage=usage,
-                nvext=UNSET if nvext is None else nvext,
-            )
-        )
+        return encode(self._envelope(Completion, items, usage, nvext))

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from services.formatter import request
+from services.formatter import choice
 from services.formatter.pieces import (
     Content,
     Piece,
@@ -18,8 +18,9 @@ from services.formatter.pieces import (
     ToolCallArgs,
     ToolCallStart,
     ToolPiece,
+    tidy,
 )
-from services.formatter.request import RequestFormatter, tidy
+from services.formatter.request import RequestFormatter
 from shared.messages import (
     Api,
     OutputOptions,
@@ -102,8 +103,8 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         seen_tools.append(open_.tools)
         return FakeTools() if open_.output.tool_parser else None
 
-    monkeypatch.setattr(request, "reasoning_parser_for", reasoning_for)
-    monkeypatch.setattr(request, "tool_parser_for", tools_for)
+    monkeypatch.setattr(choice, "reasoning_parser_for", reasoning_for)
+    monkeypatch.setattr(choice, "tool_parser_for", tools_for)
     return seen_tools
 
 

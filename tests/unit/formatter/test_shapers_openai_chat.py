@@ -111,6 +111,34 @@ def test_the_sdk_accumulates_the_stream_into_the_message() -> None:
     assert (choice.message.content, choice.finish_reason) == ("Checking.", "tool_calls")
 
 
+def test_deprecated_functions_stream_one_function_call() -> None:
+    shaper = ChatShaper(chat_open(stream=True, legacy_functions=True))
+    data = (
+        shaper.opening()
+        + shaper.delta(0, [ToolCallStart(0, "call_a", "get_weather")])
+        + shaper.delta(0, [ToolCallArgs(0, '{"city": '), ToolCallArgs(0, '"Paris"}')])
+        + shaper.choice_end(0, ChoiceEnd("stop", has_tool_calls=True))
+        + shaper.closing(USAGE)
+    )
+    objects = payloads(data)[:-1]
+    deltas = [o["choices"][0]["delta"] for o in objects]
+    assert deltas[1:4] == [
+        {"function_call": {"name": "get_weather", "arguments": ""}},
+        {"function_call": {"arguments": '{"city": '}},
+        {"function_call": {"arguments": '"Paris"}'}},
+    ]
+    assert objects[-1]["choices"][0]["finish_reason"] == "function_call"
+    state = ChatCompletionStreamState()
+    for obj in objects:
+        state.handle_chunk(ChatCompletionChunk.model_validate(obj))
+    message = state.get_final_completion().choices[0].message
+    assert message.function_call is not None
+    assert (message.function_call.name, message.function_call.arguments) == (
+        "get_weather",
+        '{"city": "Paris"}',
+    )
+
+
 def test_each_choice_has_its_role_chunk_index_and_finish() -> None:
     shaper = ChatShaper(chat_open(stream=True, n=2, extra_fields=("worker_id",)))
     data = (
@@ -190,6 +218,19 @@ class TestBody:
         }
         parsed = ChatCompletion.model_validate_json(body)
         assert parsed.choices[0].finish_reason == "tool_calls"
+
+    def test_deprecated_functions_answer_function_call(self) -> None:
+        calls = [ToolCall("call_a", "f", '{"x": 1}')]
+        body = ChatShaper(chat_open(legacy_functions=True)).body(
+            [_result(Collected(content="", tool_calls=calls), ChoiceEnd("stop", True))], USAGE
+        )
+        parsed = ChatCompletion.model_validate_json(body)
+        choice = parsed.choices[0]
+        assert choice.finish_reason == "function_call"
+        assert choice.message.tool_calls is None
+        assert choice.message.function_call is not None
+        assert choice.message.function_call.name == "f"
+        assert json.loads(choice.message.function_call.arguments) == {"x": 1}
 
     def test_reasoning_only_when_there_is_some(self) -> None:
         shaper = ChatShaper(chat_open())

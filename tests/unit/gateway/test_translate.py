@@ -189,6 +189,27 @@ class TestChatMapping:
             "name": "f",
         }
 
+    def test_deprecated_functions_answer_one_function_call(self) -> None:
+        function = {"name": "f", "parameters": {"type": "object", "properties": {}}}
+        messages = [
+            USER,
+            {
+                "role": "assistant",
+                "content": None,
+                "function_call": {"name": "f", "arguments": "{}"},
+            },
+            {"role": "function", "name": "f", "content": "42"},
+        ]
+        request = chat(messages=messages, functions=[function])
+        assert request.output.legacy_functions
+        assert request.sampling.guided is not None
+        assert request.sampling.guided.parallel_tool_calls is False
+        assert request.messages[1]["tool_calls"] == [
+            {"type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ]
+        assert request.messages[2] == {"role": "tool", "content": "42", "name": "f"}
+        assert not chat(tools=[{"type": "function", "function": function}]).output.legacy_functions
+
     def test_tools_are_passed_unless_tool_choice_is_none(self) -> None:
         tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
         assert chat(tools=tools).tools == tuple(tools)

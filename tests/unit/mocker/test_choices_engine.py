@@ -61,6 +61,21 @@ class TestChoices:
         tokens = {c: tuple(t for e in es for t in e.token_ids) for c, es in choices.items()}
         assert len(set(tokens.values())) == 3  # each choice at its own offset
 
+    def test_greedy_choices_are_one_sequence(self) -> None:
+        for greedy in (SamplingParams(temperature=0.0), SamplingParams(greedy=True)):
+            engine = _engine()
+            engine.add(
+                "r",
+                PROMPT,
+                SamplingParams(
+                    n=3, max_tokens=6, seed=1, greedy=greedy.greedy, temperature=greedy.temperature
+                ),
+            )
+            choices = _by_choice(_run(engine))
+            tokens = {c: tuple(t for e in es for t in e.token_ids) for c, es in choices.items()}
+            assert sorted(tokens) == [0, 1, 2]
+            assert len(set(tokens.values())) == 1  # greedy decoding has one answer
+
     def test_only_the_last_finishing_emission_is_done(self) -> None:
         engine = _engine()
         engine.add("r", PROMPT, SamplingParams(n=2, max_tokens=3))

@@ -172,8 +172,26 @@ def test_enum_values_come_from_the_enum() -> None:
     assert units == {"celsius", "fahrenheit"}
 
 
-def test_recursive_schema_ends() -> None:
-    value = instance(TREE, 1)
+STRICT_TREE = {  # pydantic in OpenAI's strict mode: every property required
+    "$defs": {
+        "Node": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}},
+            },
+            "required": ["name", "children"],
+            "additionalProperties": False,
+        }
+    },
+    "$ref": "#/$defs/Node",
+}
+
+
+@pytest.mark.parametrize("schema", [TREE, STRICT_TREE], ids=["optional", "required"])
+def test_recursive_schema_ends(schema: dict[str, Any]) -> None:
+    value = instance(schema, 1)
+    jsonschema.validate(value, schema)
     depth = 0
     while value.get("children"):
         value = value["children"][0]
