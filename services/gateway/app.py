@@ -22,7 +22,7 @@ from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException
 from litestar.types import ASGIApp, HTTPScope, Receive, Scope, Send
 
-from services.gateway import responses
+from services.gateway import embeddings, media, responses
 from services.gateway.admission import Admission
 from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
@@ -113,9 +113,13 @@ def create_app(
     return Gateway(app, Relay(config, bus, readiness), metrics, grpc, admission)
 
 
+ADMITTED_ROUTES = frozenset({embeddings.PATH, media.IMAGES_PATH, media.VIDEOS_PATH})
+"""Inference served by Litestar handlers (request/reply, no stream): admitted like ``PATHS``."""
+
+
 class Gateway:
-    """ASGI: a request context per HTTP request; inference → ``Relay`` (within ``admission``),
-    the rest → Litestar."""
+    """ASGI: a request context per HTTP request; inference → ``Relay``, and the inference
+    routes Litestar serves (``ADMITTED_ROUTES``), within ``admission``; the rest → Litestar."""
 
     __slots__ = ("_admission", "_app", "_metrics", "_relay", "grpc")
 
@@ -139,6 +143,8 @@ class Gateway:
             with request_context(scope, self._metrics) as ctx:
                 if scope["path"] in PATHS:
                     await self._infer(ctx, scope, receive, send)
+                elif scope["path"] in ADMITTED_ROUTES and scope["method"] == "POST":
+                    await self._admitted(ctx, scope, receive, send)
                 else:
                     await self._app(scope, receive, send_with_id(ctx, send))
             return
@@ -160,6 +166,19 @@ class Gateway:
             return
         try:
             await self._relay.serve(ctx, scope, receive, send)
+        finally:
+            admission.leave()
+
+    async def _admitted(
+        self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """A Litestar inference route (embeddings, media) holding a slot while it runs."""
+        admission = self._admission
+        if not admission.try_enter():
+            await responses.send_refusal(ctx, send, admission.refusal())
+            return
+        try:
+            await self._app(scope, receive, send_with_id(ctx, send))
         finally:
             admission.leave()
 

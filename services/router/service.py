@@ -65,6 +65,11 @@ KNOWS_ALL_AFTER_S = 10.0
 """A router up this long has seen every decision of the requests still waiting for a token."""
 RECONNECT_GRACE_S = 2.0
 """After this router reconnects to NATS, how long a worker's "no responders" proves nothing."""
+MOVE_GRACE_S = 0.3
+"""A live worker that answers a probe with "no responders" is asked once more after this long
+before it is declared lost: on a NATS cluster a worker whose node went is away while it moves
+to another node (7 to 90 ms measured; decision 018), and every worker on that node moves at
+once, so losing them at the first "no responders" migrated their requests onto no worker."""
 
 Attempt = tuple[Generate, tuple[str, ...]]
 """A forwarded request and the workers tried so far."""
@@ -362,14 +367,21 @@ class Router:
         return now - self._reconnected_at < RECONNECT_GRACE_S
 
     async def _probe(self, worker_id: str) -> None:
-        """Ping one worker: an answer, "no responders" (lost now), or a timeout (silence)."""
+        """Ping one worker: an answer, "no responders" twice ``MOVE_GRACE_S`` apart (lost now),
+        or a timeout (silence)."""
         if not self._nc.is_connected or self._just_reconnected():
             self.liveness.dropped(worker_id)
             return
+        subject = self._subjects.worker_ping(worker_id)
+        timeout_s = self._config.probe_timeout_s
         try:
-            await self._nc.request(
-                self._subjects.worker_ping(worker_id), b"", timeout=self._config.probe_timeout_s
-            )
+            try:
+                await self._nc.request(subject, b"", timeout=timeout_s)
+            except nats.errors.NoRespondersError:
+                if worker_id in self.liveness.lost:
+                    raise
+                await asyncio.sleep(MOVE_GRACE_S)  # moving to another node, or gone?
+                await self._nc.request(subject, b"", timeout=timeout_s)
         except nats.errors.NoRespondersError:
             if self._just_reconnected():
                 self.liveness.dropped(worker_id)

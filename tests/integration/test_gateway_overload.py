@@ -239,6 +239,37 @@ async def test_a_request_over_the_limit_is_503_with_retry_after_then_served_agai
     assert await _metric(http, 'jetserve_gateway_rejected_total{reason="overloaded"}') == 1
 
 
+async def test_embeddings_and_media_share_the_limit(
+    ready: FakeDownstream,
+    client: openai.AsyncOpenAI,
+    http: httpx.AsyncClient,
+    release: asyncio.Event,
+) -> None:
+    streams = [
+        await client.chat.completions.create(model=MODEL, messages=CHAT, stream=True)
+        for _ in range(LIMIT)
+    ]
+    readers = [stream.__aiter__() for stream in streams]
+    for reader in readers:
+        await reader.__anext__()  # both slots are taken
+    requests = [
+        ("/v1/embeddings", {"model": "an-embedder", "input": "hi"}),
+        ("/v1/images/generations", {"model": "a-painter", "prompt": "hi"}),
+        ("/v1/videos/generations", {"model": "a-filmmaker", "prompt": "hi"}),
+    ]
+    refused = [await http.post(path, json=body) for path, body in requests]
+    release.set()
+    for reader in readers:
+        [chunk async for chunk in reader]
+    admitted = [await http.post(path, json=body) for path, body in requests]
+    for response in refused:
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == "overloaded"
+        assert response.headers["retry-after"] == "1"
+    assert [r.status_code for r in admitted] == [404, 404, 404]  # served: no such model
+    assert await _metric(http, "jetserve_gateway_concurrent_requests") == 0
+
+
 async def test_a_client_that_goes_away_gives_its_slot_back(
     ready: FakeDownstream, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
