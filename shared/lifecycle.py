@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Protocol, TypeVar
@@ -43,9 +44,11 @@ C = TypeVar("C", bound=CommonConfig)
 
 @asynccontextmanager
 async def serving(
-    config: CommonConfig, name: str, build: Callable[[Client], S]
+    config: CommonConfig, name: str, build: Callable[[Client], S], *, settle: bool = False
 ) -> AsyncIterator[S]:
-    """Connect, build the service on the connection, start it; stop and drain on the way out."""
+    """Connect, build the service on the connection, start it; stop and drain on the way out.
+    ``settle``: the process is this service's own (``service_main``): ``settle_heap`` once
+    started."""
     built: list[S] = []  # the connection exists before the service: its reconnect hook looks here
 
     async def on_back() -> None:
@@ -60,8 +63,18 @@ async def serving(
         serve_metrics(service.service_metrics, config.metrics_port)
         await service.start()
         stack.push_async_callback(_stop, service, name)
+        if settle:
+            settle_heap()
         log.info("service_started", namespace=config.namespace)
         yield service
+
+
+def settle_heap() -> None:
+    """Once started: collect the start-up garbage and move what is left (modules, tokenizers,
+    caches) out of the collector's sight (``gc.freeze``), so the collections that requests
+    cause walk only the objects of requests."""
+    gc.collect()
+    gc.freeze()
 
 
 async def run_service(
@@ -70,9 +83,10 @@ async def run_service(
     build: Callable[[Client], Service],
     *,
     stop: asyncio.Event | None = None,
+    settle: bool = False,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or ``stop`` is set), then shut down gracefully."""
-    async with serving(config, name, build):
+    async with serving(config, name, build, settle=settle):
         await wait_for_signal(stop)
         log.info("shutdown_started")
 
@@ -84,7 +98,7 @@ def service_main(
     config = config_type.from_cli(argv)
     name = config.SERVICE
     configure_logging(service=name, level=config.log_level, fmt=config.log_format)
-    run(lambda: run_service(config, name, lambda nc: build(config, nc)))
+    run(lambda: run_service(config, name, lambda nc: build(config, nc), settle=True))
 
 
 async def _bus_back(service: Service) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import signal
+import socket
 import ssl
 from types import FrameType
 from typing import Any
@@ -17,6 +18,7 @@ from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.relay import Readiness
+from shared.lifecycle import settle_heap
 from shared.metrics import serve_metrics
 
 
@@ -26,6 +28,10 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, readiness: Readiness) -> None:
         super().__init__(config)
         self._readiness = readiness
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        settle_heap()  # this process is the gateway's own
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._readiness.begin_shutdown()
