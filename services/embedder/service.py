@@ -19,7 +19,6 @@ from pathlib import Path
 import nats.errors
 import structlog
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.embedder.answer import answer
@@ -35,11 +34,10 @@ from shared.messages import (
     ModelCard,
     RequestPhase,
     WorkerCard,
-    WorkerPing,
-    WorkerPong,
 )
 from shared.metrics import ServiceMetrics
 from shared.model_dir import context_length, eos_token_ids
+from shared.pings import answer_ping
 from shared.registry import WorkerRegistration, publish_model
 from shared.subjects import Subjects
 
@@ -119,7 +117,7 @@ class EmbedderService:
         for subject, callback in (
             (subjects.embed_worker(self.worker_id), on_embed),
             (subjects.generate(self.worker_id), on_generate),
-            (subjects.worker_ping(self.worker_id), self._on_ping),
+            (subjects.worker_ping(self.worker_id), answer_ping),
         ):
             self._subs.append(await self._nc.subscribe(subject, cb=callback))
         await barrier(self._nc)  # subscribed on the server before the card says "ready"
@@ -165,19 +163,6 @@ class EmbedderService:
             request_id=gen.request_id, worker_id=self.worker_id, phase="finished", ts=time.time()
         )
         await self._nc.publish(self._subjects.lifecycle(self.worker_id), codec.encode(phase))
-
-    async def _on_ping(self, msg: Msg) -> None:
-        """A router's probe (empty: answering is the answer) or a formatter's ``WorkerPing``
-        (this worker holds no generation: ``held=False``)."""
-        reply = b""
-        if msg.data:
-            try:
-                ping = codec.decode(msg.data, WorkerPing)
-            except codec.DecodeError:
-                return
-            reply = codec.encode(WorkerPong(request_id=ping.request_id, held=False))
-        with contextlib.suppress(nats.errors.Error):  # the asker may be gone
-            await msg.respond(reply)
 
 
 def build_service(

@@ -19,7 +19,6 @@ import time
 import nats.errors
 import structlog
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.media.config import MediaConfig
@@ -33,10 +32,9 @@ from shared.messages import (
     MediaKind,
     ModelCard,
     WorkerCard,
-    WorkerPing,
-    WorkerPong,
 )
 from shared.metrics import ServiceMetrics
+from shared.pings import answer_ping
 from shared.registry import WorkerRegistration, publish_model_card
 from shared.subjects import Subjects
 
@@ -98,7 +96,7 @@ class MediaService:
         for worker_id in self.worker_ids.values():
             for subject, callback in (
                 (self._subjects.media_generate(worker_id), self._on_generate_msg),
-                (self._subjects.worker_ping(worker_id), self._on_ping),
+                (self._subjects.worker_ping(worker_id), answer_ping),
             ):
                 self._subs.append(await self._nc.subscribe(subject, cb=callback))
         await barrier(self._nc)  # subscribed on the server before the cards say "ready"
@@ -131,19 +129,6 @@ class MediaService:
                 param="n",
             )
         await self._nc.publish(request.reply_to, data)
-
-    async def _on_ping(self, msg: Msg) -> None:
-        """A router's probe (empty: answering is the answer) or a formatter's ``WorkerPing``
-        (this worker holds no generation: ``held=False``)."""
-        reply = b""
-        if msg.data:
-            try:
-                ping = codec.decode(msg.data, WorkerPing)
-            except codec.DecodeError:
-                return
-            reply = codec.encode(WorkerPong(request_id=ping.request_id, held=False))
-        with contextlib.suppress(nats.errors.Error):  # the asker may be gone
-            await msg.respond(reply)
 
 
 def build_service(

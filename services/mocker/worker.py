@@ -49,7 +49,8 @@ from shared.errors import (
 )
 from shared.handlers import Boundary
 from shared.hashing import salted_seed
-from shared.messages import Cancel, Generate, TokenBatch, WorkerCard, WorkerPing, WorkerPong
+from shared.messages import Cancel, Generate, TokenBatch, WorkerCard, WorkerPing
+from shared.pings import answer_ping
 from shared.recent import RecentIds
 from shared.registry import WorkerRegistration
 from shared.subjects import Subjects
@@ -363,24 +364,16 @@ class MockWorker:
     # --- liveness: pings and bounces (decision 018) -----------------------------------------------
 
     async def _on_ping(self, msg: Msg) -> None:
-        """A router's probe (empty: answering at all is the answer) or a formatter's
-        ``WorkerPing`` (answered with ``WorkerPong``; an undecodable one is not answered)."""
-        answer = self._pong(msg.data) if msg.data else b""
-        if answer is None:
-            return
-        with contextlib.suppress(Exception):  # the asker may be gone; nothing to do about it
-            await msg.respond(answer)
+        """A router's probe or a formatter's ``WorkerPing`` (``shared.pings``)."""
+        await answer_ping(msg, self._holds, on_undecodable=self._undecodable_ping)
 
-    def _pong(self, data: bytes) -> bytes | None:
+    def _holds(self, ping: WorkerPing) -> bool:
         """``held``: this attempt of the request is here, queued, running or finishing."""
-        try:
-            ping = codec.decode(data, WorkerPing)
-        except codec.DecodeError as exc:
-            self._boundary.metrics.error("message_undecodable")
-            log.warning("message_undecodable", kind="worker_ping", error=str(exc))
-            return None
-        held = self._outbox.attempt(ping.request_id) == ping.attempt
-        return codec.encode(WorkerPong(request_id=ping.request_id, held=held))
+        return self._outbox.attempt(ping.request_id) == ping.attempt
+
+    def _undecodable_ping(self, exc: Exception) -> None:
+        self._boundary.metrics.error("message_undecodable")
+        log.warning("message_undecodable", kind="worker_ping", error=str(exc))
 
     async def _on_bounce(self, request_id: str, subject: str) -> None:
         """A batch bounced: its formatter is gone or moving; keep generating for a grace."""

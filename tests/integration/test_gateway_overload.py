@@ -14,6 +14,7 @@ import struct
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -198,6 +199,17 @@ async def _until_in_flight(http: httpx.AsyncClient, n: int) -> None:
         await asyncio.sleep(0.02)
 
 
+async def _hold_every_slot(client: openai.AsyncOpenAI) -> tuple[list[Any], list[Any]]:
+    """``LIMIT`` streams in flight, each past its first chunk: (their readers, those chunks)."""
+    streams = [
+        await client.chat.completions.create(model=MODEL, messages=CHAT, stream=True)
+        for _ in range(LIMIT)
+    ]
+    readers = [stream.__aiter__() for stream in streams]
+    firsts = [await reader.__anext__() for reader in readers]
+    return readers, firsts
+
+
 def _infer_request(request_id: str, *, streaming: bool) -> pb.ModelInferRequest:
     """An LLM request as tritonclient builds one (raw contents)."""
     request = pb.ModelInferRequest(model_name=MODEL, id=request_id)
@@ -217,12 +229,7 @@ async def test_a_request_over_the_limit_is_503_with_retry_after_then_served_agai
     http: httpx.AsyncClient,
     release: asyncio.Event,
 ) -> None:
-    streams = [
-        await client.chat.completions.create(model=MODEL, messages=CHAT, stream=True)
-        for _ in range(LIMIT)
-    ]
-    readers = [stream.__aiter__() for stream in streams]
-    firsts = [await reader.__anext__() for reader in readers]  # both are in flight
+    readers, firsts = await _hold_every_slot(client)
     with pytest.raises(openai.InternalServerError) as refused:
         await client.chat.completions.create(model=MODEL, messages=CHAT, stream=True)
     release.set()
@@ -245,13 +252,7 @@ async def test_embeddings_and_media_share_the_limit(
     http: httpx.AsyncClient,
     release: asyncio.Event,
 ) -> None:
-    streams = [
-        await client.chat.completions.create(model=MODEL, messages=CHAT, stream=True)
-        for _ in range(LIMIT)
-    ]
-    readers = [stream.__aiter__() for stream in streams]
-    for reader in readers:
-        await reader.__anext__()  # both slots are taken
+    readers, _ = await _hold_every_slot(client)
     requests = [
         ("/v1/embeddings", {"model": "an-embedder", "input": "hi"}),
         ("/v1/images/generations", {"model": "a-painter", "prompt": "hi"}),

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import nats
+import nats.errors
 import pytest
 from litestar import Litestar
 from litestar.exceptions import HTTPException
@@ -64,17 +65,37 @@ class Media:
                 return
 
     async def crash(self, service: MediaService) -> None:
-        """Drop the worker's connection without deregistering: its cards stay live a TTL."""
+        """Drop the worker's connection without deregistering: its cards stay live a TTL.
+        Returns once the server has noticed (its subjects answer "no responders"): a message
+        sent before that is lost with the socket, as with any process that dies."""
         for entry in self.workers:
             if entry[0] is service:
                 await entry[1].close()
                 self.workers.remove(entry)
-                return
+                break
+        probe = await nats.connect(self.nats_url)
+        try:
+            for worker_id in service.worker_ids.values():
+                await _until_no_responders(probe, self.subjects.media_generate(worker_id))
+        finally:
+            await probe.close()
 
     async def close(self) -> None:
         for service, client in reversed(self.workers):
             await service.stop()
             await client.drain()
+
+
+async def _until_no_responders(nc: Client, subject: str) -> None:
+    for _ in range(50):  # bounded: 50 x at most 0.2 s
+        try:
+            await nc.request(subject, b"", timeout=0.2)
+        except nats.errors.NoRespondersError:
+            return
+        except nats.errors.TimeoutError:
+            pass
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{subject} still has a subscriber")
 
 
 @pytest.fixture

@@ -22,6 +22,8 @@ from services.formatter.parsers._json import (
     JsonScanner,
     escape_control,
 )
+from services.formatter.parsers._text import Gap
+from services.formatter.pieces import Content, ToolCallArgs, ToolPiece, tidy
 
 _PLAIN = re.compile(r'[^"\\\x00-\x1f]+')
 ARG_KEYS = ("arguments", "parameters")
@@ -257,3 +259,18 @@ class CallObject:
             return False
         self.status = Status.DONE
         return True
+
+
+def closing_pieces(
+    gap: Gap, call: CallObject | None, *, shown: bool, index: int, text: str | None
+) -> list[ToolPiece]:
+    """A parser's ``flush``: a call whose start was shown is closed into valid JSON; otherwise
+    ``text`` (what was held back, an unshown call's raw text included; ``None``: nothing) is
+    content after all. Then the whitespace the gap held."""
+    out: list[ToolPiece] = []
+    if call is not None and shown:
+        out.append(ToolCallArgs(index, call.close()))
+    elif text is not None:
+        out.append(Content(gap.text(text)))
+    out.append(Content(gap.flush()))
+    return tidy(out)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from services.formatter.parsers._calls import CallObject, Status
+from services.formatter.parsers._calls import CallObject, Status, closing_pieces
 from services.formatter.parsers._text import (
     Gap,
     IdFactory,
@@ -54,17 +54,15 @@ class HermesParser:
         return tidy(out)
 
     def flush(self) -> list[ToolPiece]:
-        out: list[ToolPiece] = []
-        if self._state is _State.CALL and self._call is not None:
-            if self._shown:
-                out.append(ToolCallArgs(self._index, self._call.close()))
-            else:
-                out.append(Content(self._gap.text(OPEN + self._call.raw + self._buf)))
+        call = self._call if self._state is _State.CALL else None
+        text: str | None = None
+        if call is not None:
+            text = OPEN + call.raw + self._buf
         elif self._state in (_State.TEXT, _State.SHOW):
-            out.append(Content(self._gap.text(self._buf)))
-        out.append(Content(self._gap.flush()))
+            text = self._buf
+        out = closing_pieces(self._gap, call, shown=self._shown, index=self._index, text=text)
         self._buf, self._state, self._call = "", _State.TEXT, None
-        return tidy(out)
+        return out
 
     def _run(self, out: list[ToolPiece]) -> None:
         while self._buf or (self._state is _State.CALL and self._call is not None):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 
-from services.formatter.parsers._calls import CallObject, Status
+from services.formatter.parsers._calls import CallObject, Status, closing_pieces
 from services.formatter.parsers._json import WHITESPACE
 from services.formatter.parsers._text import (
     Gap,
@@ -64,16 +64,11 @@ class MistralParser:
         return tidy(out)
 
     def flush(self) -> list[ToolPiece]:
-        out: list[ToolPiece] = []
-        if self._state is _State.CALL and self._call is not None and self._shown:
-            out.append(ToolCallArgs(self._index, self._call.close()))
-        elif self._state is _State.CALL and self._call is not None:
-            out.append(Content(self._gap.text(self._held + self._call.raw + self._buf)))
-        else:
-            out.append(Content(self._gap.text(self._held + self._buf)))
-        out.append(Content(self._gap.flush()))
+        call = self._call if self._state is _State.CALL else None
+        text = self._held + (call.raw if call else "") + self._buf
+        out = closing_pieces(self._gap, call, shown=self._shown, index=self._index, text=text)
         self._buf, self._held, self._call, self._state = "", "", None, _State.CONTENT
-        return tidy(out)
+        return out
 
     def _step(self, out: list[ToolPiece]) -> bool:
         """Advance on the buffer; ``False`` when more text is needed."""

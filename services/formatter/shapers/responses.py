@@ -37,13 +37,12 @@ from services.formatter.pieces import (
     TokenLogprobs,
     ToolCallStart,
 )
+from services.formatter.shapers.openai_chat import MIN_LOGPROB
 from services.formatter.shaping import Nvext, Usage
 from shared import sse
 from shared.messages import StreamOpen
 
 _encode = msgspec.json.Encoder().encode
-MIN_LOGPROB = -9999.0
-"""JSON has no ``-inf``: lower log-probabilities are shown as this (as vLLM does)."""
 
 
 def responses_usage(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
