@@ -44,6 +44,8 @@ NODES = ("nats", "nats-2", "nats-3")
 """Compose services of the three nodes (``nats`` is node ``nats-1``)."""
 SERVICES = ("gateway", "preprocessor", "router", "formatter", "mocker")
 ROUTERS, MOCKERS = 2, 2
+EMBEDDERS = 1
+"""The compose file's embedder: a worker card too, so it must come back as well."""
 READY_TIMEOUT_S = 150.0
 CLIENTS, MAX_TOKENS, REQUEST_TIMEOUT_S, MAX_REQUESTS = 16, 64, 30.0, 2000
 STOP_AT_S = 6.0
@@ -327,7 +329,7 @@ def check_line(line: dict[str, Any]) -> None:
     assert line["failed"] == {}
     assert line["recover_s"] is not None  # served after the loss, not only before it
     assert set(line["replicas_before"].values()) == {3}
-    assert line["workers_after"] == MOCKERS
+    assert line["workers_after"] == MOCKERS + EMBEDDERS
     assert min(line["heartbeat_after_stop_s"].values()) > 0  # cards renewed after the loss
     assert line["kv_overlap_after"]["cached_mode"] == "kv"
     assert line["kv_overlap_after"]["cached_overlap_blocks"] > 0
