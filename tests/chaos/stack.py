@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from services.cli.stack import free_port, port_accepts, port_is_free
+from shared.model_dir import DEFAULT_MODEL_NAME
 from tests.chaos.cluster import LocalCluster
 from tests.chaos.report import counter_increase, counter_samples, has_counter
 
@@ -110,7 +111,8 @@ class UpStack:
         return {**os.environ, "JETSERVE_JS_REPLICAS": str(self.cluster.size)}
 
     def start(self, ready_timeout_s: float = 60.0) -> float:
-        """Start the launcher and wait until ``/health`` is 200; the seconds that took."""
+        """Start the launcher and wait until ``/health`` lists the chat model; the seconds that
+        took."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         with (
@@ -126,8 +128,10 @@ class UpStack:
                 raise RuntimeError(
                     f"jetserve up exited {self.launcher.returncode}\n{self.stderr()}"
                 )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.base_url}/health", timeout=1).status_code == 200:
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                health = httpx.get(f"{self.base_url}/health", timeout=1)
+                # 200 once any model is live: the embedder's may be before the chat model's.
+                if health.status_code == 200 and DEFAULT_MODEL_NAME in health.json()["models"]:
                     self.up_s = round(time.monotonic() - started, 2)
                     return self.up_s
             time.sleep(0.1)
