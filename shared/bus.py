@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any
 
 import nats
@@ -132,14 +132,15 @@ async def barrier(nc: Client) -> None:
     await nc.flush()
 
 
-async def wait_for_signal(stop: asyncio.Event | None = None) -> None:
-    """Block until SIGINT/SIGTERM (or ``stop`` is set)."""
-    stop = stop or asyncio.Event()
+@contextlib.contextmanager
+def stopped_by_signals(stop: asyncio.Event) -> Iterator[asyncio.Event]:
+    """Within: SIGINT/SIGTERM set ``stop`` instead of killing the process. Entered before a
+    service starts, so a signal during start-up becomes a graceful stop once it has started."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        yield stop
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

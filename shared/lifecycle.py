@@ -19,7 +19,7 @@ import nats.errors
 import structlog
 from nats.aio.client import Client
 
-from shared.bus import connect, run, wait_for_signal
+from shared.bus import connect, run, stopped_by_signals
 from shared.config import CommonConfig
 from shared.logging import configure_logging
 from shared.metrics import ServiceMetrics, serve_metrics
@@ -85,10 +85,12 @@ async def run_service(
     stop: asyncio.Event | None = None,
     settle: bool = False,
 ) -> None:
-    """Serve until SIGINT/SIGTERM (or ``stop`` is set), then shut down gracefully."""
-    async with serving(config, name, build, settle=settle):
-        await wait_for_signal(stop)
-        log.info("shutdown_started")
+    """Serve until SIGINT/SIGTERM (or ``stop`` is set), then shut down gracefully (a signal
+    during start-up too: once started)."""
+    with stopped_by_signals(stop or asyncio.Event()) as stopping:
+        async with serving(config, name, build, settle=settle):
+            await stopping.wait()
+            log.info("shutdown_started")
 
 
 def service_main(

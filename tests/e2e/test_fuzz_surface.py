@@ -154,7 +154,7 @@ class Surface(NamedTuple):
     """A valid request."""
     fields: dict[str, st.SearchStrategy[Any]]
     anthropic: bool = False
-    examples: int = 60
+    examples: int = 100
 
 
 SURFACES = [
@@ -163,20 +163,20 @@ SURFACES = [
         {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
         ANTHROPIC_FIELDS,
         anthropic=True,
-        examples=120,
+        examples=200,
     ),
     Surface(
         "/v1/messages/count_tokens",
         {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
         {k: v for k, v in ANTHROPIC_FIELDS.items() if k in ("system", "messages", "tools")},
         anthropic=True,
-        examples=40,
+        examples=60,
     ),
     Surface(
         "/v1/responses",
         {"model": MODEL, "input": "hi", "max_output_tokens": 16},
         RESPONSES_FIELDS,
-        examples=120,
+        examples=200,
     ),
     Surface("/v1/embeddings", {"model": DEFAULT_EMBEDDING_MODEL, "input": "hi"}, EMBEDDING_FIELDS),
     Surface("/v1/images/generations", {"model": "no-media-model", "prompt": "p"}, IMAGE_FIELDS),
@@ -255,21 +255,26 @@ def check(response: httpx.Response, body: bytes, *, anthropic: bool) -> str:
     return "2xx"
 
 
+def _fuzz(http: httpx.Client, surface: Surface) -> Counter[str]:
+    seen: Counter[str] = Counter()
+
+    @settings(_SETTINGS, max_examples=surface.examples)
+    @given(body=bodies(surface))
+    def one(body: bytes) -> None:
+        headers = {"content-type": "application/json"}
+        response = http.post(surface.path, content=body, headers=headers)
+        seen[check(response, body, anthropic=surface.anthropic)] += 1
+
+    one()
+    return seen
+
+
 @pytest.mark.timeout(300)
 def test_the_rest_of_the_surface_never_fails_a_client(surface_stack: Stack) -> None:
     totals: dict[str, Counter[str]] = {}
     with httpx.Client(base_url=surface_stack.base_url, timeout=CLIENT_TIMEOUT_S) as http:
         for surface in SURFACES:
-            seen: Counter[str] = Counter()
-
-            @settings(_SETTINGS, max_examples=surface.examples)
-            @given(body=bodies(surface))
-            def one(body: bytes, surface: Surface = surface, seen: Counter[str] = seen) -> None:
-                headers = {"content-type": "application/json"}
-                response = http.post(surface.path, content=body, headers=headers)
-                seen[check(response, body, anthropic=surface.anthropic)] += 1
-
-            one()
+            seen = _fuzz(http, surface)
             totals[surface.path] = seen
             print(f"\nfuzz {surface.path}: {sum(seen.values())} cases {dict(seen)}")
     for path, seen in totals.items():
