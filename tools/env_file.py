@@ -13,7 +13,7 @@ import textwrap
 from services.cli.config import config_class, service_configs
 from shared.config import CommonConfig, Setting
 
-EXTRA_SERVICES = ("echo_tensor",)
+EXTRA_SERVICES = ("echo_tensor", "media")
 """Services ``jetserve up`` does not run (test workers), documented and in ``.env`` all the same;
 compose runs them under a profile."""
 
