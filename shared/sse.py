@@ -1,6 +1,6 @@
 """Server-sent-events framing, the one place it is written. Pure.
 
-The formatter frames every OpenAI chunk; the gateway frames only the error event that ends a
+The formatter frames every chunk and event; the gateway frames only the error event that ends a
 stream which failed after its headers went out.
 """
 
@@ -15,6 +15,12 @@ DONE = PREFIX + b"[DONE]" + END
 def frame(payload: bytes) -> bytes:
     """One ``data:`` event carrying ``payload`` (a JSON document)."""
     return PREFIX + payload + END
+
+
+def event(name: str, payload: bytes) -> bytes:
+    """One named event: ``event: <name>`` then its ``data:`` line (Anthropic's and the Responses
+    API's streams, and their error events)."""
+    return b"event: " + name.encode() + b"\n" + frame(payload)
 
 
 def annotation(name: str, payload: str) -> bytes:

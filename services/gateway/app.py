@@ -12,7 +12,7 @@ event loop; it stops them in the reverse order.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -144,7 +144,9 @@ class Gateway:
                 if scope["path"] in PATHS:
                     await self._infer(ctx, scope, receive, send)
                 elif scope["path"] in ADMITTED_ROUTES and scope["method"] == "POST":
-                    await self._admitted(ctx, scope, receive, send)
+                    await self._admitted(
+                        ctx, send, lambda: self._app(scope, receive, send_with_id(ctx, send))
+                    )
                 else:
                     await self._app(scope, receive, send_with_id(ctx, send))
             return
@@ -153,32 +155,34 @@ class Gateway:
     async def _infer(
         self, ctx: RequestContext, scope: HTTPScope, receive: Receive, send: Send
     ) -> None:
-        """Relay an inference request that gets a slot, holding it until the response has
-        ended (or the client went, or the task was cancelled); refuse one that does not at once,
-        its body unread. Only ``POST`` counts: any other method is a 405 from ``Relay``."""
-        admission = self._admission
+        """Relay an inference request within ``admission``. Only ``POST`` counts: any other
+        method is a 405 from ``Relay``."""
         if scope["method"] != "POST":
             await self._relay.serve(ctx, scope, receive, send)
             return
+        await self._admitted(
+            ctx,
+            send,
+            lambda: self._relay.serve(ctx, scope, receive, send),
+            ENDPOINTS[ctx.path].dialect,
+        )
+
+    async def _admitted(
+        self,
+        ctx: RequestContext,
+        send: Send,
+        serve: Callable[[], Awaitable[None]],
+        dialect: responses.ErrorDialect = responses.OPENAI,
+    ) -> None:
+        """Run ``serve`` holding an admission slot until the response has ended (or the client
+        went, or the task was cancelled); refuse a request that gets none at once, its body
+        unread, in ``dialect``."""
+        admission = self._admission
         if not admission.try_enter():
-            dialect = ENDPOINTS[ctx.path].dialect
             await responses.send_refusal(ctx, send, admission.refusal(), dialect)
             return
         try:
-            await self._relay.serve(ctx, scope, receive, send)
-        finally:
-            admission.leave()
-
-    async def _admitted(
-        self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send
-    ) -> None:
-        """A Litestar inference route (embeddings, media) holding a slot while it runs."""
-        admission = self._admission
-        if not admission.try_enter():
-            await responses.send_refusal(ctx, send, admission.refusal())
-            return
-        try:
-            await self._app(scope, receive, send_with_id(ctx, send))
+            await serve()
         finally:
             admission.leave()
 

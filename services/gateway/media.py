@@ -333,12 +333,14 @@ def video_message(request: VideoRequest, *, request_id: str, deadline_ms: int) -
     )
 
 
-def _encoded(data: bytes, media_type: str, response_format: ResponseFormat) -> tuple[str, str]:
-    """``(b64_json, url)``, one of them empty."""
+def _encoded(
+    data: bytes, media_type: str, response_format: ResponseFormat
+) -> tuple[str | None, str | None]:
+    """``(b64_json, url)``: the one ``response_format`` asks for, the other ``None``."""
     encoded = base64.b64encode(data).decode("ascii")
     if response_format == "b64_json":
-        return encoded, ""
-    return "", f"data:{media_type};base64,{encoded}"
+        return encoded, None
+    return None, f"data:{media_type};base64,{encoded}"
 
 
 def image_body(
@@ -350,11 +352,7 @@ def image_body(
     for item in result.items:
         b64_json, url = _encoded(item, result.media_type, response_format)
         data.append(
-            ImageData(
-                b64_json=b64_json or None,
-                url=url or None,
-                revised_prompt=result.revised_prompt or None,
-            )
+            ImageData(b64_json=b64_json, url=url, revised_prompt=result.revised_prompt or None)
         )
     body = ImagesResponse(created=created, data=data, size=f"{size[0]}x{size[1]}")
     return msgspec.json.encode(body)
@@ -373,7 +371,7 @@ def video_body(
     data = []
     for item in result.items:
         b64_json, url = _encoded(item, result.media_type, response_format)
-        data.append(VideoData(b64_json=b64_json or None, url=url or None))
+        data.append(VideoData(b64_json=b64_json, url=url))
     body = VideoResponse(
         id=video_id,
         model=result.model,

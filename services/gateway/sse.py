@@ -29,15 +29,10 @@ def error_tail(exc: ServiceError) -> bytes:
     return error_frame(exc) + sse.DONE
 
 
-def event(name: str, payload: bytes) -> bytes:
-    """One named SSE event (``event: <name>`` then its ``data:`` line)."""
-    return b"event: " + name.encode() + b"\n" + sse.frame(payload)
-
-
 def anthropic_error_tail(error_type: str, message: str) -> bytes:
     """Anthropic's in-stream error event."""
     error = {"type": error_type, "message": message}
-    return event("error", msgspec.json.encode({"type": "error", "error": error}))
+    return sse.event("error", msgspec.json.encode({"type": "error", "error": error}))
 
 
 def responses_error_tail(exc: ServiceError, sent: bytes) -> bytes:
@@ -52,4 +47,4 @@ def responses_error_tail(exc: ServiceError, sent: bytes) -> bytes:
         "param": exc.param,
         "sequence_number": sequence,
     }
-    return event("error", msgspec.json.encode(payload))
+    return sse.event("error", msgspec.json.encode(payload))

@@ -87,6 +87,10 @@ class Liveness:
             self._lost.pop(worker_id, None)
         return revived
 
+    def has_lost(self, worker_id: str) -> bool:
+        """Whether ``worker_id`` is declared lost now."""
+        return worker_id in self._lost
+
     @property
     def lost(self) -> set[str]:
         return set(self._lost)

@@ -378,7 +378,7 @@ class Router:
             try:
                 await self._nc.request(subject, b"", timeout=timeout_s)
             except nats.errors.NoRespondersError:
-                if worker_id in self.liveness.lost:
+                if self.liveness.has_lost(worker_id):
                     raise
                 await asyncio.sleep(MOVE_GRACE_S)  # moving to another node, or gone?
                 await self._nc.request(subject, b"", timeout=timeout_s)

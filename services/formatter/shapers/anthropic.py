@@ -37,11 +37,10 @@ from services.formatter.pieces import (
     TokenLogprobs,
     ToolCallStart,
 )
+from services.formatter.shapers.frames import encode
 from services.formatter.shaping import Nvext, Usage
 from shared import sse
 from shared.messages import StreamOpen
-
-_encode = msgspec.json.Encoder().encode
 
 
 class AnthropicUsage(msgspec.Struct, kw_only=True):
@@ -106,7 +105,7 @@ def tool_input(arguments: str) -> dict[str, Any]:
 
 def event(name: str, payload: dict[str, Any]) -> bytes:
     """One named SSE event; ``payload`` carries the same ``type``."""
-    return b"event: " + name.encode() + b"\n" + sse.frame(_encode(payload))
+    return sse.event(name, encode(payload))
 
 
 class AnthropicShaper:
@@ -262,4 +261,4 @@ class AnthropicShaper:
             usage=anthropic_usage(usage),
             nvext=UNSET if nvext is None else nvext,
         )
-        return _encode(message)
+        return encode(message)

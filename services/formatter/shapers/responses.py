@@ -37,12 +37,11 @@ from services.formatter.pieces import (
     TokenLogprobs,
     ToolCallStart,
 )
+from services.formatter.shapers.frames import encode
 from services.formatter.shapers.openai_chat import MIN_LOGPROB
 from services.formatter.shaping import Nvext, Usage
 from shared import sse
 from shared.messages import StreamOpen
-
-_encode = msgspec.json.Encoder().encode
 
 
 def responses_usage(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
@@ -288,7 +287,7 @@ class ResponsesShaper:
     def _event(self, name: str, fields: dict[str, Any]) -> bytes:
         payload = {"type": name, **fields, "sequence_number": self._sequence}
         self._sequence += 1
-        return b"event: " + name.encode() + b"\n" + sse.frame(_encode(payload))
+        return sse.event(name, encode(payload))
 
     def _start_item(self, kind: str, out: bytearray) -> _Item:
         index = len(self._items)
@@ -369,4 +368,4 @@ class ResponsesShaper:
             item.text.append(call.arguments)
             output.append(item.done("completed"))
         response = self.response(status, output, responses_usage(usage), nvext=nvext)
-        return _encode(response)
+        return encode(response)
