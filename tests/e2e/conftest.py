@@ -98,14 +98,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
 @pytest.fixture(scope="module")
 def grpc_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
     """A stack serving gRPC on a free port: one undelayed LLM worker, one echo tensor worker."""
-    s = start_stack(
-        tmp_path_factory.mktemp("grpc"), model_dir, grpc_port=0, workers=1, tensor_workers=1
-    )
-    try:
-        _wait_for_models(s, [MODEL, TENSOR_MODEL], timeout_s=30)
+    run_dir = tmp_path_factory.mktemp("grpc")
+    models = [MODEL, TENSOR_MODEL]
+    with serving_models(run_dir, model_dir, models, grpc_port=0, workers=1, tensor_workers=1) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +115,20 @@ def grpc_slow_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -
         mocker_args="--speedup-ratio 1 --seed 1",
     )
     try:
+        yield s
+    finally:
+        s.stop()
+
+
+@contextlib.contextmanager
+def serving_models(
+    run_dir: Path, model_dir: Path, models: list[str], **overrides: object
+) -> Iterator[Stack]:
+    """``start_stack(run_dir, model_dir, **overrides)`` once ``/health`` lists every one of
+    ``models``; stopped on the way out."""
+    s = start_stack(run_dir, model_dir, **overrides)
+    try:
+        _wait_for_models(s, models, timeout_s=30)
         yield s
     finally:
         s.stop()

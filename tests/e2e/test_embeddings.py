@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from services.cli.stack import Stack
 from services.embedder.model import DEFAULT_EMBEDDING_MODEL
-from tests.e2e.conftest import MODEL, _wait_for_models, start_stack
+from tests.e2e.conftest import MODEL, serving_models
 
 EMBEDDING_MODEL = DEFAULT_EMBEDDING_MODEL
 SIZE = 1024
@@ -27,12 +27,10 @@ UNRELATED = "Quarterly revenue grew by eleven percent in Europe."
 @pytest.fixture(scope="module")
 def embed_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
     """One chat worker and one mock embedder."""
-    s = start_stack(tmp_path_factory.mktemp("embeddings"), model_dir, workers=1, embedders=1)
-    try:
-        _wait_for_models(s, [MODEL, EMBEDDING_MODEL], timeout_s=30)
+    run_dir = tmp_path_factory.mktemp("embeddings")
+    models = [MODEL, EMBEDDING_MODEL]
+    with serving_models(run_dir, model_dir, models, workers=1, embedders=1) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture

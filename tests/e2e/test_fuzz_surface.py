@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from services.cli.stack import Stack
 from services.embedder.model import DEFAULT_EMBEDDING_MODEL
 from services.gateway.openapi import ENDPOINTS
-from tests.e2e.conftest import MODEL, _wait_for_models, start_stack
+from tests.e2e.conftest import MODEL, serving_models
 from tests.e2e.test_fuzz_api import _SETTINGS, ANY_JSON, CLIENT_TIMEOUT_S, NAME, SCHEMA, TEXT
 
 SMALL = st.integers(1, 6)
@@ -186,12 +186,10 @@ SURFACES = [
 @pytest.fixture(scope="module")
 def surface_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
     """One chat worker and one mock embedder (no media worker: images stop at the model)."""
-    s = start_stack(tmp_path_factory.mktemp("fuzz"), model_dir, workers=1, embedders=1)
-    try:
-        _wait_for_models(s, [MODEL, DEFAULT_EMBEDDING_MODEL], timeout_s=30)
+    run_dir = tmp_path_factory.mktemp("fuzz")
+    models = [MODEL, DEFAULT_EMBEDDING_MODEL]
+    with serving_models(run_dir, model_dir, models, workers=1, embedders=1) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def _documented(path: str) -> list[str]:

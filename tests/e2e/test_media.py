@@ -13,7 +13,7 @@ import pytest
 
 from services.cli.stack import Stack
 from services.media.config import DEFAULT_IMAGE_MODEL, DEFAULT_VIDEO_MODEL
-from tests.e2e.conftest import MODEL, _wait_for_models, start_stack
+from tests.e2e.conftest import MODEL, serving_models
 from tests.unit.test_media_png import decode
 
 IMAGE = DEFAULT_IMAGE_MODEL
@@ -24,12 +24,10 @@ DATA_URL = "data:image/png;base64,"
 @pytest.fixture(scope="module")
 def media_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
     """One chat worker and one mock media worker (an image and a video model)."""
-    s = start_stack(tmp_path_factory.mktemp("media"), model_dir, workers=1, media_workers=1)
-    try:
-        _wait_for_models(s, [MODEL, IMAGE, VIDEO], timeout_s=30)
+    run_dir = tmp_path_factory.mktemp("media")
+    models = [MODEL, IMAGE, VIDEO]
+    with serving_models(run_dir, model_dir, models, workers=1, media_workers=1) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture

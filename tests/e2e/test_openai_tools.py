@@ -411,13 +411,19 @@ async def test_a_named_choice_calls_only_that_function(client: openai.AsyncOpenA
         arguments_of(call)
 
 
+LEGACY_WEATHER: dict[str, Any] = {
+    "model": MODEL,
+    "messages": ASK,
+    "functions": [WEATHER["function"]],
+    "function_call": {"name": "get_weather"},
+    "max_tokens": 200,
+}
+"""A weather call asked for with the deprecated ``functions`` / ``function_call``."""
+
+
 async def test_deprecated_functions_answer_with_function_call(client: openai.AsyncOpenAI) -> None:
     resp = await client.chat.completions.create(
-        model=MODEL,
-        messages=ASK,
-        functions=[WEATHER["function"]],
-        function_call={"name": "get_weather"},
-        max_tokens=200,
+        **LEGACY_WEATHER,
     )
     choice = resp.choices[0]
     assert choice.finish_reason == "function_call"
@@ -430,11 +436,7 @@ async def test_deprecated_functions_answer_with_function_call(client: openai.Asy
 
 async def test_deprecated_functions_stream_a_function_call(client: openai.AsyncOpenAI) -> None:
     stream = await client.chat.completions.create(
-        model=MODEL,
-        messages=ASK,
-        functions=[WEATHER["function"]],
-        function_call={"name": "get_weather"},
-        max_tokens=200,
+        **LEGACY_WEATHER,
         stream=True,
     )
     names: list[str] = []

@@ -13,7 +13,7 @@ from services.gateway.openai_types import ChatCompletionRequest, ErrorResponse
 from services.gateway.openapi import ENDPOINTS, Endpoint, with_inference
 from shared import api_objects
 from shared.api_objects import usage
-from shared.messages import OutputOptions, StreamOpen
+from tests.unit.formatter.test_shapers_openai_chat import chat_open
 
 
 def _document(endpoints: list[Endpoint | tuple[Any, ...]]) -> dict[str, Any]:
@@ -38,18 +38,8 @@ def test_chat_and_completion_schemas_are_the_formatters_structs() -> None:
 
 
 def test_a_formatter_body_decodes_as_the_documented_struct() -> None:
-    open_ = StreamOpen(
-        request_id="r1",
-        api="chat",
-        model="m",
-        reply_to="gw",
-        created=1,
-        prompt_tokens=3,
-        output=OutputOptions(),
-        max_tokens=8,
-    )
     end = ChoiceEnd(finish_reason="stop")
-    body = ChatShaper(open_).body(
+    body = ChatShaper(chat_open()).body(
         [ChoiceResult(index=0, message=Collected(content="hi"), end=end)], usage(3, 1, 0)
     )
     decoded = msgspec.json.decode(body, type=api_objects.ChatCompletion)

@@ -172,14 +172,10 @@ def test_enum_values_come_from_the_enum() -> None:
     assert units == {"celsius", "fahrenheit"}
 
 
-STRICT_TREE = {  # pydantic in OpenAI's strict mode: every property required
+STRICT_TREE = {  # TREE as pydantic writes it in OpenAI's strict mode: every property required
     "$defs": {
         "Node": {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}},
-            },
+            **TREE["$defs"]["Node"],
             "required": ["name", "children"],
             "additionalProperties": False,
         }
