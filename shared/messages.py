@@ -439,6 +439,8 @@ class WorkerCard(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     kv_blocks: int = 0
     max_num_seqs: int = 0
     context_length: int = 0
+    kv_events: bool = True
+    """False: the engine publishes no KV events; routers estimate its cache (approximate mode)."""
     started_at: float = 0.0
     heartbeat_at: float = 0.0
 

@@ -17,18 +17,12 @@ from collections.abc import Callable, Sequence
 from services.mocker import structured
 from services.mocker.kv_cache import KvCache
 from services.mocker.logprobs import is_greedy, token_logprob
-from services.mocker.records import (
-    Emission,
-    EngineConfig,
-    EngineError,
-    EngineLoad,
-    EngineStats,
-    StepOutput,
-)
+from services.mocker.records import EngineConfig, StepOutput
 from services.mocker.sequence import EngineRequest
 from services.mocker.timing import PolynomialTiming
 from shared.hashing import SEED, block_hash
 from shared.messages import AnyKvEvent, FinishReason, SamplingParams, TokenLogprob
+from shared.worker.records import Emission, EngineError, EngineLoad, EngineStats
 
 __all__ = [
     "Emission",

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from services.mocker.config import MockerConfig
 from services.mocker.corpus import corpus_token_ids, load_tokenizer
 from shared.model_dir import context_length, eos_token_ids
+from shared.worker.process import model_created
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -50,9 +51,3 @@ def load_model_info(config: MockerConfig) -> ModelInfo:
         context_length=config.context_length or context_length(model_dir),
         created=model_created(model_dir),
     )
-
-
-def model_created(model_dir: Path) -> int:
-    """The newest mtime of the directory's files, in whole seconds."""
-    times = [p.stat().st_mtime for p in model_dir.iterdir() if p.is_file()]
-    return int(max(times, default=model_dir.stat().st_mtime))

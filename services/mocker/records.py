@@ -1,10 +1,10 @@
-"""Plain records the simulated engine takes and returns (config, emissions, load, stats)."""
+"""Plain records only the simulated engine uses: its scheduler/cache config and a step's result."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.messages import FinishReason, TokenLogprob
+from shared.worker.records import Emission
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,26 +29,6 @@ class EngineConfig:
         return self.num_gpu_blocks * self.block_size
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Emission:
-    """What one request produced in one step (or on cancel)."""
-
-    request_id: str
-    token_ids: tuple[int, ...]
-    index: int
-    """Position of ``token_ids[0]`` in the request's generated sequence."""
-    finish_reason: FinishReason | None = None
-    stop_token_id: int | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    choice: int = 0
-    """Which of the request's ``n`` sequences produced it (``index`` counts per choice)."""
-    logprobs: tuple[TokenLogprob, ...] = ()
-    """With ``SamplingParams.logprobs``: one per id of ``token_ids``."""
-    done: bool = False
-    """The request's last emission: every choice has finished (or it was cancelled)."""
-
-
 @dataclass(frozen=True, slots=True)
 class StepOutput:
     """The result of one ``step()``: emissions in running order and the simulated duration."""
@@ -59,28 +39,3 @@ class StepOutput:
     decode_seqs: int
     prefill_s: float = 0.0
     """The part of ``duration_s`` spent on prompt tokens; the decode part comes after it."""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineLoad:
-    """What a router needs to know about this worker's load."""
-
-    active: int
-    waiting: int
-    kv_used_blocks: int
-    kv_total_blocks: int
-    prefill_tokens: int
-    """Prompt tokens still to compute across waiting and prefilling requests."""
-
-
-@dataclass(slots=True)
-class EngineStats:
-    """Cumulative counters (for metrics)."""
-
-    prompt_tokens: int = 0
-    cache_hit_tokens: int = 0
-    preemptions: int = 0
-
-
-class EngineError(ValueError):
-    """A request the engine can never run (empty prompt, larger than the KV cache, ...)."""

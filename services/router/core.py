@@ -78,6 +78,9 @@ class RoutingCore:
         self.approx = approx if approx is not None else ApproxIndex()
         self.load = load if load is not None else ActiveLoad()
         self.reports = reports if reports is not None else WorkerReports()
+        self.eventless: set[str] = set()
+        """Workers whose card says their engine publishes no KV events: their cache is
+        estimated from the routing decisions (approximate), whatever the mode."""
         self._policy = policy
         if policy is None and settings.mode in ("round-robin", "random"):
             self._policy = build_policy(settings.mode, seed=settings.seed)
@@ -110,6 +113,8 @@ class RoutingCore:
             )
             matcher = self.approx.index if self.uses_approx else self.sync.index
             overlaps = matcher.find_matches(hashes)
+            if not self.uses_approx:
+                overlaps = self._estimate_eventless(cards, hashes, overlaps)
         prompt_tokens = len(gen.token_ids)
         prompt_blocks = -(-prompt_tokens // block_size)
         tail = prompt_blocks - len(hashes)
@@ -228,6 +233,20 @@ class RoutingCore:
         temperature = self.settings.temperature if temperature is None else temperature
         return eligible[pick([candidates[i].cost for i in eligible], temperature, rng)]
 
+    def _estimate_eventless(
+        self, cards: Sequence[WorkerCard], hashes: Sequence[int], overlaps: dict[str, int]
+    ) -> dict[str, int]:
+        """Overlaps of workers without KV events, from the approximate index."""
+        eventless = [c.worker_id for c in cards if not c.kv_events]
+        if not eventless:
+            return overlaps
+        self.eventless.update(eventless)
+        guessed = self.approx.index.find_matches(hashes)
+        merged = dict(overlaps)
+        for worker_id in eventless:
+            merged[worker_id] = guessed.get(worker_id, 0)
+        return merged
+
     # --- shared state --------------------------------------------------------------------------
     def commit(self, decision: RouteDecision, now: float) -> None:
         """Count a decision (this replica's or a peer's) in the active load."""
@@ -239,7 +258,7 @@ class RoutingCore:
             prefill_tokens=decision.prefill_tokens,
             now=now,
         )
-        if self.uses_approx:
+        if self.uses_approx or decision.worker_id in self.eventless:
             self.approx.remember(decision.worker_id, decision.block_hashes, now)
 
     def on_phase(self, phase: RequestPhase) -> None:
@@ -259,6 +278,7 @@ class RoutingCore:
         """Forget everything about a worker that left the registry; True if it was known."""
         known = self.sync.remove_worker(worker_id)
         known = self.approx.remove_worker(worker_id) or known
+        self.eventless.discard(worker_id)
         known = self.load.remove_worker(worker_id) > 0 or known
         self.reports.remove_worker(worker_id)
         return known
@@ -270,5 +290,5 @@ class RoutingCore:
     def sweep(self, now: float) -> tuple[int, int]:
         """Expire stale requests and (approximate mode) old assumed blocks."""
         stale = len(self.load.expire(now))
-        dropped = self.approx.expire(now) if self.uses_approx else 0
+        dropped = self.approx.expire(now) if self.uses_approx or self.eventless else 0
         return stale, dropped

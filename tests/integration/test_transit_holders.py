@@ -19,7 +19,7 @@ from nats.aio.subscription import Subscription
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from services.mocker.grace import FORMATTER_GRACE_S
+from shared.worker.grace import FORMATTER_GRACE_S
 from services.mocker.service import ModelInfo
 from services.preprocessor.config import PreprocessorConfig
 from services.preprocessor.service import Preprocessor, serving

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.mocker.engine import Emission, Engine, EngineConfig
-from services.mocker.outbox import Outbox
+from shared.worker.outbox import Outbox
 from shared.messages import Guided, SamplingParams
 
 CORPUS = tuple(range(1000, 1200))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.mocker.config import MockerConfig
-from services.mocker.parsers import default_parsers, resolve_parsers
+from shared.worker.parsers import default_parsers, resolve_parsers
 
 
 @pytest.mark.parametrize(

@@ -312,3 +312,34 @@ class TestAllowedWorkers:
         hints = RoutingHints(allowed_worker_ids=("gone",))
         with pytest.raises(NoWorkerAvailable, match="allowed_worker_ids"):
             _core().decide(_gen(routing=hints), _cards("w1"), now=0, rng=RNG)
+
+
+class TestEventlessWorkers:
+    """A worker whose engine publishes no KV events (``WorkerCard.kv_events=False``, e.g. the
+    transformers engine) is routed on an estimate of its cache, in kv mode."""
+
+    @staticmethod
+    def _mixed() -> list[WorkerCard]:
+        return [
+            WorkerCard(worker_id="ev", model="m", block_size=16, kv_blocks=1000),
+            WorkerCard(worker_id="hf", model="m", block_size=16, kv_blocks=1000, kv_events=False),
+        ]
+
+    def test_a_prefix_sent_to_an_eventless_worker_goes_there_again(self) -> None:
+        core = _core()
+        cards = self._mixed()
+        first = core.decide(_gen("a"), cards[1:], now=0, rng=RNG)  # only hf is live
+        core.commit(first, now=0)
+        core.on_phase(RequestPhase(request_id="a", worker_id="hf", phase="finished"))
+        again = core.decide(_gen("b"), cards, now=1, rng=RNG)
+        assert (again.worker_id, again.overlap_blocks) == ("hf", 8)  # no event ever said so
+
+    def test_the_estimate_is_used_for_the_eventless_worker_only(self) -> None:
+        core = _core()
+        core.sync.index.store("ev", prefix_hashes(PREFIX, 16))
+        core.approx.remember("ev", prefix_hashes(PREFIX, 16)[:2], 0)  # ignored: ev has events
+        decision = core.decide(_gen(), self._mixed(), now=0, rng=RNG)
+        assert decision.worker_id == "ev" and decision.overlap_blocks == 8
+        core.commit(core.decide(_gen("x"), self._mixed()[1:], now=0, rng=RNG), now=0)
+        assert core.approx.find_matches(prefix_hashes(PREFIX, 16)).get("hf") == 8
+        assert core.remove_worker("hf") and "hf" not in core.eventless

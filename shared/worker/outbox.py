@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.mocker.engine import Emission
+from shared.worker.records import Emission
 from shared.messages import FinishReason, TokenBatch, TokenLogprob
 
 
@@ -82,6 +82,11 @@ class Outbox:
         """The ``Generate.attempt`` of an open request."""
         stream = self._streams.get(request_id)
         return stream.attempt if stream is not None else None
+
+    def stream_to(self, request_id: str) -> str | None:
+        """Where an open request's batches go (``None``: not open)."""
+        stream = self._streams.get(request_id)
+        return stream.stream_to if stream is not None else None
 
     def reply_to(self, request_id: str) -> str | None:
         """The gateway subject of an open request (``None``: not open, or none given)."""

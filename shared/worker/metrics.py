@@ -1,46 +1,48 @@
-"""The mocker's Prometheus instruments: the shared ones plus per-worker engine gauges."""
+"""A worker process's Prometheus instruments: the shared ones plus per-worker engine gauges."""
 
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-from services.mocker.records import EngineLoad, EngineStats
+from shared.worker.records import EngineLoad, EngineStats
 from shared.metrics import ServiceMetrics
 
 
-class MockerMetrics:
-    """``ServiceMetrics("mocker")`` plus KV-cache and queue instruments labelled by worker."""
+class WorkerMetrics:
+    """``ServiceMetrics(service)`` plus KV-cache and queue instruments labelled by worker, named
+    ``jetserve_<service>_*`` (``jetserve_mocker_kv_blocks_used``, ...)."""
 
-    def __init__(self, service: ServiceMetrics | None = None) -> None:
-        self.service = service or ServiceMetrics("mocker")
+    def __init__(self, service: ServiceMetrics | str = "mocker") -> None:
+        self.service = ServiceMetrics(service) if isinstance(service, str) else service
+        p = f"jetserve_{self.service.service}"
         registry = self.service.registry
         labels = ["worker_id"]
         self.kv_blocks_used = Gauge(
-            "jetserve_mocker_kv_blocks_used", "KV blocks in use", labels, registry=registry
+            f"{p}_kv_blocks_used", "KV blocks in use", labels, registry=registry
         )
         self.kv_blocks_total = Gauge(
-            "jetserve_mocker_kv_blocks_total", "KV blocks in all", labels, registry=registry
+            f"{p}_kv_blocks_total", "KV blocks in all", labels, registry=registry
         )
         self.active_requests = Gauge(
-            "jetserve_mocker_active_requests", "Requests running", labels, registry=registry
+            f"{p}_active_requests", "Requests running", labels, registry=registry
         )
         self.waiting_requests = Gauge(
-            "jetserve_mocker_waiting_requests", "Requests waiting", labels, registry=registry
+            f"{p}_waiting_requests", "Requests waiting", labels, registry=registry
         )
         self.prompt_tokens = Counter(
-            "jetserve_mocker_prompt_tokens", "Prompt tokens received", labels, registry=registry
+            f"{p}_prompt_tokens", "Prompt tokens received", labels, registry=registry
         )
         self.cache_hit_tokens = Counter(
-            "jetserve_mocker_prefix_cache_hit_tokens",
+            f"{p}_prefix_cache_hit_tokens",
             "Prompt tokens served from the prefix cache",
             labels,
             registry=registry,
         )
         self.preemptions = Counter(
-            "jetserve_mocker_preemptions", "Requests preempted", labels, registry=registry
+            f"{p}_preemptions", "Requests preempted", labels, registry=registry
         )
         self.kv_event_batches = Counter(
-            "jetserve_mocker_kv_event_batches",
+            f"{p}_kv_event_batches",
             "KvEventBatch messages stored in JetStream",
             labels,
             registry=registry,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.mocker.kv_events import KvEventLog, LoadReporter
+from shared.worker.kv_events import KvEventLog, LoadReporter
 from shared.messages import AllBlocksCleared, BlockRemoved, BlockStored
 
 

@@ -1,9 +1,11 @@
-"""One simulated GPU worker: ``generate``/``cancel`` subscriptions → engine loop → token batches.
+"""One worker, whatever its engine: ``generate``/``cancel`` subscriptions → engine → token batches.
 
-The loop steps the engine, sleeps and flushes when ``pacing.Pacer`` says (decision 005), hands
-KV events to the publisher without waiting, and publishes lifecycle and load. The handlers sit
-on the shared boundary (``shared.handlers``): a rejected request is answered on its stream and
-its slot freed (phase ``finished``) there.
+The runtime owns what every engine needs (``shared.worker.engine`` is the contract): the registry
+card and heartbeat, admission checks, the engine loop (``WorkerEngine.run`` until idle, with this
+runtime as its ``EmissionSink``), token batching (``Outbox``), lifecycle phases, KV events and
+load (``WorkerPublisher``), cancellation and drain. The handlers sit on the shared boundary
+(``shared.handlers``): a rejected request is answered on its stream and its slot freed (phase
+``finished``) there.
 
 Liveness (decisions 017, 018): ``ping`` answers routers' empty probes until the very end of a
 drain, and a formatter's ``WorkerPing`` with whether this worker holds that attempt of the
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 
 import nats.errors
 import structlog
@@ -26,14 +29,6 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from structlog.contextvars import bound_contextvars
 
-from services.mocker.config import MockerConfig
-from services.mocker.engine import Emission, Engine, EngineConfig, EngineError
-from services.mocker.grace import FORMATTER_GRACE_S, FormatterGrace, Grace
-from services.mocker.metrics import MockerMetrics
-from services.mocker.model import ModelInfo
-from services.mocker.outbox import Outbox
-from services.mocker.pacing import Pacer
-from services.mocker.publisher import WorkerPublisher
 from shared import codec
 from shared.bounce import Unreachable
 from shared.bus import barrier, drain_subscription
@@ -55,6 +50,13 @@ from shared.recent import RecentIds
 from shared.registry import WorkerRegistration
 from shared.subjects import Subjects
 from shared.tasks import TaskSet
+from shared.worker.config import WorkerConfig
+from shared.worker.engine import WorkerEngine
+from shared.worker.grace import FORMATTER_GRACE_S, FormatterGrace, Grace
+from shared.worker.metrics import WorkerMetrics
+from shared.worker.outbox import Outbox
+from shared.worker.publisher import WorkerPublisher
+from shared.worker.records import Emission, EngineError, EngineInput
 
 log = structlog.get_logger(__name__)
 
@@ -62,44 +64,30 @@ FORMATTER_PING_TIMEOUT_S = 0.5
 """At the end of a grace: a formatter that does not answer within this is gone (or hung)."""
 
 
-def engine_config(config: MockerConfig, model: ModelInfo) -> EngineConfig:
-    """The engine settings a worker runs with."""
-    return EngineConfig(
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        block_size=config.block_size,
-        num_gpu_blocks=config.num_gpu_blocks_override,
-        enable_prefix_caching=config.enable_prefix_caching,
-        first_token_decodes=config.dynamo_step_timing,
-        seed=config.seed,
-        speedup_ratio=config.speedup_ratio,
-        eos_token_ids=model.eos_token_ids,
-    )
-
-
 def _stream_to(gen: Generate) -> str:
     return gen.stream_to
 
 
-class MockWorker:
-    """One simulated GPU worker: its subscriptions, its engine loop and its registry card."""
+class WorkerRuntime:
+    """One worker: its subscriptions, its engine loop and its registry card."""
 
     def __init__(
         self,
         nc: Client,
         subjects: Subjects,
-        config: MockerConfig,
-        model: ModelInfo,
+        config: WorkerConfig,
+        engine: WorkerEngine,
         worker_id: str,
-        metrics: MockerMetrics,
+        metrics: WorkerMetrics,
     ) -> None:
         self.worker_id = worker_id
         self._nc = nc
         self._subjects = subjects
         self._config = config
-        self._model = model
         self._boundary = Boundary(nc, metrics.service)
-        self.engine = Engine(engine_config(config, model), model.corpus, encode=model.encode)
+        self.engine = engine
+        self.context_length = 0
+        """The engine's context length (known once started)."""
         self.publisher = WorkerPublisher(
             nc,
             subjects,
@@ -117,22 +105,7 @@ class MockWorker:
         """One timer task per request in ``_grace``."""
         self._early_cancels = RecentIds(ttl_s=60.0)
         """Cancels for requests not (yet) here: a Generate that arrives after its cancel."""
-        card = WorkerCard(
-            worker_id=worker_id,
-            model=config.model_name,
-            kind="mocker",
-            block_size=config.block_size,
-            kv_blocks=config.num_gpu_blocks_override,
-            max_num_seqs=config.max_num_seqs,
-            context_length=model.context_length,
-        )
-        self._registration = WorkerRegistration(
-            nc.jetstream(),
-            subjects,
-            card,
-            ttl_s=config.worker_ttl_s,
-            replicas=config.js_replicas,
-        )
+        self._registration: WorkerRegistration | None = None
         self._subs: list[Subscription] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -140,8 +113,35 @@ class MockWorker:
         self._accepting = False
         self._loop_task: asyncio.Task[None] | None = None
 
+    async def prepare(self) -> None:
+        """Start the engine (load weights, connect) and build the card from its facts."""
+        if self._registration is not None:
+            return
+        facts = await self.engine.start()
+        self.context_length = self._config.context_length or facts.context_length
+        card = WorkerCard(
+            worker_id=self.worker_id,
+            model=self._config.model_name,
+            kind=facts.kind,
+            block_size=facts.block_size,
+            kv_blocks=facts.kv_blocks,
+            max_num_seqs=facts.max_num_seqs,
+            context_length=self.context_length,
+            kv_events=facts.kv_events,
+        )
+        self._registration = WorkerRegistration(
+            self._nc.jetstream(),
+            self._subjects,
+            card,
+            ttl_s=self._config.worker_ttl_s,
+            replicas=self._config.js_replicas,
+        )
+
     async def start(self) -> None:
-        """Reset the cache, subscribe, start the loop, then register (the card means "ready")."""
+        """Prepare, reset the cache, subscribe, start the loop, then register (the card means
+        "ready")."""
+        await self.prepare()
+        assert self._registration is not None
         self.engine.reset_cache()  # event 1 = AllBlocksCleared: routers drop a past life's blocks
         await self.publisher.start()
         self._accepting = True
@@ -170,7 +170,8 @@ class MockWorker:
     async def stop(self, grace_s: float) -> None:
         """Leave the registry, stop taking work, finish in-flight work (bounded), then stop."""
         self._accepting = False
-        await self._registration.stop()
+        if self._registration is not None:
+            await self._registration.stop()
         if self._subs:  # drain: a Generate already delivered is answered (shutting_down)
             await drain_subscription(self._subs[0])
         try:
@@ -196,6 +197,7 @@ class MockWorker:
         await self._unreachable.stop()
         self.publisher.collect_kv_events()
         await self.publisher.stop()
+        await self.engine.stop()
         log.info("worker_stopped", worker_id=self.worker_id)
 
     # --- handlers (on the shared boundary: decoded, request id bound, failures answered) ---------
@@ -240,21 +242,23 @@ class MockWorker:
             raise WorkerBusy(f"worker {self.worker_id} has {limit} requests queued")
         prompt_tokens = len(gen.token_ids)
         requested = prompt_tokens + gen.sampling.max_tokens
-        if requested > self._model.context_length:
+        if requested > self.context_length:
             raise ContextLengthExceeded(
-                limit=self._model.context_length, requested=requested, prompt_tokens=prompt_tokens
+                limit=self.context_length, requested=requested, prompt_tokens=prompt_tokens
             )
         routing = gen.routing
         lora_name = routing.lora_name if routing else None
         seed = salted_seed(lora_name=lora_name, cache_salt=routing.cache_salt if routing else None)
         try:
             self.engine.add(
-                gen.request_id,
-                gen.token_ids,
-                gen.sampling,
-                hash_seed=seed,
-                lora_name=lora_name,
-                resumed_tokens=gen.resumed_tokens,
+                EngineInput(
+                    request_id=gen.request_id,
+                    token_ids=gen.token_ids,
+                    sampling=gen.sampling,
+                    hash_seed=seed,
+                    lora_name=lora_name,
+                    resumed_tokens=gen.resumed_tokens,
+                )
             )
         except EngineError as exc:
             raise InvalidRequest(str(exc)) from exc
@@ -295,7 +299,8 @@ class MockWorker:
             await self._wake.wait()
             self._wake.clear()
             try:
-                await self._run_until_idle()
+                await self.engine.run(self)
+                await self.flush()
             except Exception:
                 log.exception("engine_loop_failed")
                 await self._fail_all()
@@ -303,40 +308,35 @@ class MockWorker:
                 self._idle.set()
                 await self.publisher.report_load(is_idle=True)
 
-    async def _run_until_idle(self) -> None:
-        """Step while there is work; sleep and publish when the pacer says."""
-        clock = time.perf_counter
-        pacer = Pacer(
-            speedup_ratio=self._config.speedup_ratio,
-            emit_after_prefill=self._config.dynamo_step_timing,
-            now=clock(),
-        )
-        while self.engine.has_work:
-            out = self.engine.step()
-            self.publisher.collect_kv_events()
-            if pacer.is_sleeping:
-                now = clock()
-                times = pacer.step(now, out.duration_s, out.prefill_s)
-                await asyncio.sleep(max(0.0, times.emit_at - now))
-                for e in out.emissions:
-                    self._outbox.add(e)
-                await self._flush(self._outbox.dirty())
-                await self._phases(out.emissions)
-                await self.publisher.report_load()
-                if times.end_at is not None:
-                    await asyncio.sleep(max(0.0, times.end_at - clock()))
-                continue
-            urgent = [e.request_id for e in out.emissions if self._outbox.add(e)]
-            await self._flush(urgent)
-            await self._phases(out.emissions)
-            if pacer.flush_due(clock()):
-                await self._flush(self._outbox.dirty())
-                await self.publisher.report_load()
-                await asyncio.sleep(0)  # let generate/cancel handlers run
-                pacer.flushed(clock())
-        await self._flush(self._outbox.dirty())
+    # --- EmissionSink: what the engine's run hands over --------------------------------------------
 
-    async def _phases(self, emissions: list[Emission]) -> None:
+    def add(self, emission: Emission) -> bool:
+        return self._outbox.add(emission)
+
+    async def flush(self, request_ids: Sequence[str] | None = None) -> None:
+        await self._flush(self._outbox.dirty() if request_ids is None else request_ids)
+
+    async def phases(self, emissions: Sequence[Emission]) -> None:
+        await self._phases(emissions)
+
+    async def fail(self, request_id: str, error: ServiceError) -> None:
+        """End a request typed on its stream: what it emitted goes first, then the error."""
+        await self._flush([request_id])
+        stream_to = self._outbox.stream_to(request_id)
+        self._outbox.close(request_id)
+        if stream_to is not None:
+            await self._nc.publish(stream_to, codec.encode(error.to_message(request_id)))
+        log.warning("request_failed", request_id=request_id, code=error.code)
+        await self.publisher.phase(request_id, "finished")
+
+    def collect(self) -> None:
+        self.publisher.collect_kv_events()
+
+    async def progress(self) -> None:
+        self.publisher.collect_kv_events()
+        await self.publisher.report_load()
+
+    async def _phases(self, emissions: Sequence[Emission]) -> None:
         """``prefill_done`` with a request's first token, ``finished`` with its last batch (of
         its last choice)."""
         for e in emissions:
@@ -345,7 +345,7 @@ class MockWorker:
             if e.done:
                 await self.publisher.phase(e.request_id, "finished")
 
-    async def _flush(self, request_ids: list[str]) -> None:
+    async def _flush(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
             while (taken := self._outbox.take(request_id)) is not None:  # one batch per choice
                 stream_to, batch = taken
@@ -439,7 +439,7 @@ class MockWorker:
             await self.publisher.report_load(is_idle=True)
 
     async def _fail_all(self) -> None:
-        failed = InternalError("the simulated engine failed")
+        failed = InternalError("the engine failed")
         emissions = self.engine.cancel_all()
         for emission in emissions:
             taken = self._outbox.take(emission.request_id)

@@ -3,8 +3,8 @@ the request closed once every choice sent its last batch."""
 
 from __future__ import annotations
 
-from services.mocker.engine import Emission
-from services.mocker.outbox import Outbox
+from shared.worker.records import Emission
+from shared.worker.outbox import Outbox
 from shared.messages import TokenBatch, TokenLogprob
 
 

@@ -1,6 +1,6 @@
 """Which tool-call and reasoning syntax a model writes, from its name (pure).
 
-The mocker puts them on the model's card (``ModelCard.tool_parser`` / ``reasoning_parser``),
+A worker puts them on the model's card (``ModelCard.tool_parser`` / ``reasoning_parser``),
 where the preprocessor and formatter read them; ``--tool-call-parser`` and
 ``--reasoning-parser`` override the guess (``auto``: guess; ``none``: the model has none).
 """

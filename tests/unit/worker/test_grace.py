@@ -3,7 +3,7 @@ ended by the clock or forgotten on a cancel."""
 
 from __future__ import annotations
 
-from services.mocker.grace import FormatterGrace, Grace
+from shared.worker.grace import FormatterGrace, Grace
 
 RID = "r1"
 GRACE_S = 3.0

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from services.mocker.metrics import MockerMetrics
-from services.mocker.records import EngineLoad, EngineStats
+from shared.worker.metrics import WorkerMetrics
+from shared.worker.records import EngineLoad, EngineStats
 
 
 def test_observe_sets_gauges_and_advances_counters() -> None:
-    metrics = MockerMetrics()
+    metrics = WorkerMetrics()
     load = EngineLoad(active=3, waiting=2, kv_used_blocks=10, kv_total_blocks=64, prefill_tokens=5)
     metrics.observe("w", load, EngineStats(prompt_tokens=100, cache_hit_tokens=32))
     metrics.observe("w", load, EngineStats(prompt_tokens=150, cache_hit_tokens=48, preemptions=1))

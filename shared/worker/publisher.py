@@ -22,13 +22,13 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.errors import NoStreamResponseError
 
-from services.mocker.engine import Engine
-from services.mocker.kv_events import KvEventLog, LoadReporter
-from services.mocker.metrics import MockerMetrics
 from shared import codec
 from shared.kv_stream import ensure_kv_stream
 from shared.messages import KvDump, KvDumpRequest, RequestPhase, WorkerLoad
 from shared.subjects import Subjects
+from shared.worker.engine import WorkerEngine
+from shared.worker.kv_events import KvEventLog, LoadReporter
+from shared.worker.metrics import WorkerMetrics
 
 log = structlog.get_logger(__name__)
 
@@ -50,8 +50,8 @@ class WorkerPublisher:
         nc: Client,
         subjects: Subjects,
         worker_id: str,
-        engine: Engine,
-        metrics: MockerMetrics,
+        engine: WorkerEngine,
+        metrics: WorkerMetrics,
         *,
         kv_stream_limits: tuple[float, int] | None = None,
         replicas: int = 1,
@@ -147,13 +147,12 @@ class WorkerPublisher:
             log.info("kv_dump_requested", worker_id=self.worker_id, router_id=request.router_id)
         event_id = self.events.seal(time.time())
         self._wake.set()
-        cache = self._engine.cache
         data = b""
         for with_tokens in (True, False):  # token ids are informative; hashes must fit
             dump = KvDump(
                 worker_id=self.worker_id,
                 event_id=event_id,
-                events=tuple(cache.dump(with_tokens=with_tokens)),
+                events=tuple(self._engine.kv_dump(with_tokens=with_tokens)),
             )
             data = codec.encode(dump)
             if len(data) <= self._nc.max_payload:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.mocker.engine import Emission
-from services.mocker.outbox import Outbox
+from shared.worker.records import Emission
+from shared.worker.outbox import Outbox
 
 
 def _em(index: int, *tokens: int, finish: str | None = None, stop: int | None = None) -> Emission:

@@ -1,0 +1,111 @@
+"""The contract between the worker runtime and an engine (mocker, vLLM, transformers).
+
+The runtime (``shared.worker.runtime``) owns everything engine-independent: the registry card
+and heartbeat, the ``generate``/``cancel``/``ping`` subscriptions, admission checks, token
+batching (``Outbox``), bounces and formatter graces, drain, KV event numbering and publishing,
+load reports. An engine only runs requests: it takes ``EngineInput``s, produces ``Emission``s,
+and reports its load, counters and KV events. No engine imports another; each engine package
+imports this contract and nothing of the runtime's wiring.
+
+Two ways to drive an engine, both behind ``WorkerEngine.run``:
+
+- stepped (the mocker): ``run`` steps a pure scheduler and hands each step's emissions to the
+  sink, pacing itself (``services.mocker.pacing``);
+- streaming (vLLM, a remote vLLM, transformers): each request streams its own deltas; the
+  ``StreamingEngine`` base (``shared.worker.streaming``) runs one task per request and ``run``
+  waits until none is left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from shared.errors import ServiceError
+from shared.messages import AnyKvEvent, BlockStored
+from shared.worker.records import Emission, EngineFacts, EngineInput, EngineLoad, EngineStats
+
+__all__ = ["EmissionSink", "WorkerEngine"]
+
+
+class EmissionSink(Protocol):
+    """What an engine's ``run`` hands its output to (implemented by the runtime)."""
+
+    def add(self, emission: Emission) -> bool:
+        """Buffer ``emission`` in the request's outbox; True when it should go out at once (a
+        first token or a finish)."""
+        ...
+
+    async def flush(self, request_ids: Sequence[str] | None = None) -> None:
+        """Publish what is buffered for ``request_ids`` (None: every request with tokens)."""
+        ...
+
+    async def phases(self, emissions: Sequence[Emission]) -> None:
+        """Tell routers ``prefill_done`` (a first token) and ``finished`` (a last emission)."""
+        ...
+
+    async def fail(self, request_id: str, error: ServiceError) -> None:
+        """End a request with a typed error on its stream (what it emitted so far stays)."""
+        ...
+
+    def collect(self) -> None:
+        """Take the engine's new KV events (cheap: a background task stores them)."""
+        ...
+
+    async def progress(self) -> None:
+        """``collect``, then report the engine's load (rate-limited)."""
+        ...
+
+
+class WorkerEngine(Protocol):
+    """One engine instance behind one worker id (one GPU, or one remote engine)."""
+
+    stats: EngineStats
+
+    async def start(self) -> EngineFacts:
+        """Load or connect; return the facts for the worker card."""
+        ...
+
+    async def stop(self) -> None:
+        """Release the engine (called after the runtime has drained or cancelled its requests)."""
+        ...
+
+    @property
+    def has_work(self) -> bool: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    def __contains__(self, request_id: str) -> bool: ...
+
+    def add(self, request: EngineInput) -> None:
+        """Queue a request; raise ``EngineError`` (a typed 400) for one it can never run."""
+        ...
+
+    def cancel(self, request_id: str) -> Emission | None:
+        """Stop a request; its last emission (``finish_reason="cancelled"``, ``done``), or None if
+        it is not here."""
+        ...
+
+    def cancel_all(self) -> list[Emission]:
+        """Stop every request (shutdown past its grace, or an engine failure)."""
+        ...
+
+    def reset_cache(self) -> None:
+        """Drop the prefix cache at start; the next KV event is ``AllBlocksCleared``."""
+        ...
+
+    def take_kv_events(self) -> list[AnyKvEvent]:
+        """KV events since the last call, in order, with JetServe's block hashes."""
+        ...
+
+    def kv_dump(self, *, with_tokens: bool) -> list[BlockStored]:
+        """Every cached block as ``BlockStored`` events (a router's resync); may be empty for an
+        engine that cannot list its cache (its routers then rely on the event stream)."""
+        ...
+
+    def load(self) -> EngineLoad: ...
+
+    async def run(self, sink: EmissionSink) -> None:
+        """Run until no request is left, handing every emission to ``sink``."""
+        ...

@@ -1,0 +1,83 @@
+"""Plain records every engine takes and returns: the request it runs, what it emits, its load,
+its counters and the facts a worker card is made of."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.messages import FinishReason, SamplingParams, TokenLogprob
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineInput:
+    """One admitted request, as the runtime hands it to an engine (``Generate`` checked)."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    hash_seed: int
+    """``shared.hashing.salted_seed`` of the request's LoRA and ``cache_salt``: the seed of its
+    blocks' local hashes."""
+    lora_name: str | None = None
+    resumed_tokens: int = 0
+    """After a migration: how many trailing ``token_ids`` an earlier worker generated."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineFacts:
+    """What a worker card says about its engine (read from the engine once it has started)."""
+
+    kind: str
+    """``mocker``, ``vllm``, ``vllm-remote``, ``hf``."""
+    block_size: int
+    kv_blocks: int
+    max_num_seqs: int
+    context_length: int
+    eos_token_ids: tuple[int, ...] = ()
+    kv_events: bool = True
+    """False: the engine publishes no KV events (routers should use approximate mode)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Emission:
+    """What one request produced in one step (or on cancel)."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    index: int
+    """Position of ``token_ids[0]`` in the request's generated sequence."""
+    finish_reason: FinishReason | None = None
+    stop_token_id: int | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    choice: int = 0
+    """Which of the request's ``n`` sequences produced it (``index`` counts per choice)."""
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """With ``SamplingParams.logprobs``: one per id of ``token_ids``."""
+    done: bool = False
+    """The request's last emission: every choice has finished (or it was cancelled)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What a router needs to know about this worker's load."""
+
+    active: int
+    waiting: int
+    kv_used_blocks: int
+    kv_total_blocks: int
+    prefill_tokens: int
+    """Prompt tokens still to compute across waiting and prefilling requests."""
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Cumulative counters (for metrics)."""
+
+    prompt_tokens: int = 0
+    cache_hit_tokens: int = 0
+    preemptions: int = 0
+
+
+class EngineError(ValueError):
+    """A request the engine can never run (empty prompt, larger than the KV cache, ...)."""
