@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-from shared.worker.records import EngineLoad, EngineStats
 from shared.metrics import ServiceMetrics
+from shared.worker.records import EngineLoad, EngineStats
 
 
 class WorkerMetrics:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.worker.records import Emission
 from shared.messages import FinishReason, TokenBatch, TokenLogprob
+from shared.worker.records import Emission
 
 
 @dataclass(slots=True)

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
+from shared.kv_stream import ensure_kv_stream
 from shared.messages import ModelCard
 from shared.metrics import ServiceMetrics
 from shared.model_dir import context_length, eos_token_ids
 from shared.registry import publish_model
-from shared.kv_stream import ensure_kv_stream
 from shared.subjects import Subjects
 from shared.worker.config import WorkerConfig
 from shared.worker.engine import WorkerEngine

@@ -308,7 +308,7 @@ class WorkerRuntime:
                 self._idle.set()
                 await self.publisher.report_load(is_idle=True)
 
-    # --- EmissionSink: what the engine's run hands over --------------------------------------------
+    # --- EmissionSink: what the engine's run hands over ---------------------------------------
 
     def add(self, emission: Emission) -> bool:
         return self._outbox.add(emission)

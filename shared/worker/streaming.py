@@ -75,7 +75,7 @@ class StreamingEngine(ABC):
     async def abort(self, request_id: str) -> None:
         """Stop a request inside the engine (its stream is already closed)."""
 
-    def check(self, request: EngineInput) -> None:
+    def check(self, request: EngineInput) -> None:  # noqa: B027 (optional hook)
         """Refuse at once what can never run (``EngineError``); default: nothing."""
 
     def kv_usage(self) -> tuple[int, int]:

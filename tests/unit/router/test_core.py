@@ -339,7 +339,8 @@ class TestEventlessWorkers:
         core.sync.index.store("ev", prefix_hashes(PREFIX, 16))
         core.approx.remember("ev", prefix_hashes(PREFIX, 16)[:2], 0)  # ignored: ev has events
         decision = core.decide(_gen(), self._mixed(), now=0, rng=RNG)
-        assert decision.worker_id == "ev" and decision.overlap_blocks == 8
+        assert (decision.worker_id, decision.overlap_blocks) == ("ev", 8)
         core.commit(core.decide(_gen("x"), self._mixed()[1:], now=0, rng=RNG), now=0)
         assert core.approx.find_matches(prefix_hashes(PREFIX, 16)).get("hf") == 8
-        assert core.remove_worker("hf") and "hf" not in core.eventless
+        assert core.remove_worker("hf")
+        assert "hf" not in core.eventless

@@ -3,9 +3,9 @@ the request closed once every choice sent its last batch."""
 
 from __future__ import annotations
 
-from shared.worker.records import Emission
-from shared.worker.outbox import Outbox
 from shared.messages import TokenBatch, TokenLogprob
+from shared.worker.outbox import Outbox
+from shared.worker.records import Emission
 
 
 def _em(choice: int, index: int, *tokens: int, finish: str | None = None) -> Emission:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from shared.worker.kv_events import KvEventLog, LoadReporter
 from shared.messages import AllBlocksCleared, BlockRemoved, BlockStored
+from shared.worker.kv_events import KvEventLog, LoadReporter
 
 
 def _drain(log: KvEventLog) -> list[int]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from shared.worker.records import Emission
 from shared.worker.outbox import Outbox
+from shared.worker.records import Emission
 
 
 def _em(index: int, *tokens: int, finish: str | None = None, stop: int | None = None) -> Emission:
