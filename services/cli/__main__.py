@@ -57,6 +57,7 @@ def _up(plan: UpPlan) -> int:
             nats_url=up.nats_url or None,
             namespace=str(plan.common["namespace"]),
             workers=up.workers,
+            engine=up.engine,
             routers=up.routers,
             formatters=up.formatters,
             preprocessors=up.preprocessors,
@@ -88,7 +89,7 @@ def _up(plan: UpPlan) -> int:
     replicas = "".join(f", {n} {name}s" for name, n in stages.items() if n > 1)
     print(
         f"JetServe is up: {stack.base_url}/v1 and gRPC (KServe v2) {stack.grpc_address}  "
-        f"(model {up.model_name}, {up.workers} mocker workers{tensors}{replicas}, "
+        f"(model {up.model_name}, {up.workers} {up.engine} workers{tensors}{replicas}, "
         f"NATS {stack.nats_url})"
     )
     removed = "" if up.keep_run_dir or not stack.owns_run_dir else " (removed on a clean exit)"

@@ -33,6 +33,8 @@ LAUNCHER_OWNED: dict[str, frozenset[str]] = {
     "embedder": frozenset({"model_name"}),
 }
 """Service settings that ``jetserve up`` sets from its own flags (not passed through)."""
+WORKER_ENGINES = {"mocker": "mocker", "hf": "hf_worker", "vllm": "vllm_worker"}
+"""``jetserve up --engine`` → the worker service (``python -m services.<name>``)."""
 UP_COMMON = ("namespace", "log_level", "log_format")
 """Settings shared by every service that ``jetserve up`` takes and hands to each of them."""
 
@@ -52,7 +54,13 @@ class UpConfig:
         0, "Port of the private nats-server (0 = pick a free one)", ge=0, le=65535
     )
     nats_url: str = setting("", "Use this NATS server instead of starting one (empty = start one)")
-    workers: int = setting(2, "Mocker worker processes", ge=1)
+    workers: int = setting(2, "Worker processes (of the engine --engine names)", ge=1)
+    engine: str = setting(
+        "mocker",
+        "The workers' engine: mocker (simulated GPU), hf (transformers: real forward passes; "
+        "needs jetserve[hf]), vllm (vLLM in-process; needs jetserve[vllm] and a GPU)",
+        choices=tuple(WORKER_ENGINES),
+    )
     routers: int = setting(
         1,
         "Router processes; replicas share KV events and decisions (N > 1: router-0, router-1…)",

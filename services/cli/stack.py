@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from services.cli.config import WORKER_ENGINES
+
 STOP_TIMEOUT_S = 15.0
 
 
@@ -135,6 +137,8 @@ class StackConfig:
     nats_url: str | None = None
     namespace: str = "jetserve"
     workers: int = 2
+    engine: str = "mocker"
+    """The workers' engine (``WORKER_ENGINES``): ``mocker``, ``hf`` or ``vllm``."""
     routers: int = 1
     formatters: int = 1
     preprocessors: int = 1
@@ -209,7 +213,8 @@ class Stack:
         """Every service process to start, in start order, as ``(name, command)``.
 
         One process of a stage keeps the stage's name (``router``); more are ``router-0``,
-        ``router-1``…; workers are always ``mocker-<i>``. nats-server is not in the plan.
+        ``router-1``…; workers are always ``<service>-<i>`` (``mocker-0``,
+        ``hf_worker-0``). nats-server is not in the plan.
         """
         cfg = self.config
         plan: list[tuple[str, list[str]]] = []
@@ -225,7 +230,8 @@ class Stack:
             ("router", cfg.routers, router_args),
         ):
             plan += self._replicas(service, count, args, numbered=count > 1)
-        plan += self._replicas("mocker", cfg.workers, mocker_args, numbered=True)
+        worker = WORKER_ENGINES[cfg.engine]
+        plan += self._replicas(worker, cfg.workers, mocker_args, numbered=True)
         plan += self._replicas("echo_tensor", cfg.tensor_workers, [], numbered=True)
         embedder_args = (
             ["--model-name", cfg.embedding_model_name] if cfg.embedding_model_name else []
