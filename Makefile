@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test _test-all test-unit test-integration test-e2e test-chaos test-compose test-containers images-local up down lint fmt typecheck proto bench bench-gateway bench-burst bench-routing config-doc clean
+.PHONY: help install run test test-engines test-vllm bench-gpu _test-all test-unit test-integration test-e2e test-chaos test-compose test-containers images-local up down lint fmt typecheck proto bench bench-gateway bench-burst bench-routing config-doc clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-18s %s\n",$$1,$$2}'
@@ -37,6 +37,26 @@ _test-all:
 	else \
 		echo "skipping the testcontainers pass: $${JETSERVE_DOCKER_SKIP_REASON:-no Docker}"; \
 	fi
+
+# The transformers engine needs torch: the CPU build (2.13.0, a 192 MB wheel where this machine
+# keeps one; PyPI's default build carries CUDA libraries of several GB).
+ENGINES_STAMP := $(VENV)/.engines-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+$(ENGINES_STAMP): $(STAMP)
+	$(PY) -m pip install -q 'torch==2.13.*'
+	$(PY) -m pip install -q -e '.[test,hf]'
+	@rm -f $(VENV)/.engines-*; touch $@
+
+test-engines: $(ENGINES_STAMP) ## the transformers engine on CPU: the worker contract and the whole stack (installs torch's CPU build)
+	JETSERVE_ENGINE_TESTS=1 $(PY) -m pytest tests/engines $(PYTEST_ARGS)
+
+VLLM_VENV := .venv-vllm
+test-vllm: ## vLLM's own classes instead of the fakes (KV event structs, ZMQ publisher, SamplingParams); own venv, several GB
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[test,vllm]'
+	JETSERVE_ENGINE_TESTS=1 $(VLLM_VENV)/bin/python -m pytest tests/vllm_real tests/unit/vllm_worker $(PYTEST_ARGS)
+
+bench-gpu: ## on a GPU host: the transformers engine alone vs behind JetServe, c=1/16/64 (bench/gpu/README.md)
+	bash bench/gpu/run.sh $(ARGS)
 
 test-unit: $(STAMP) ## pure-logic tests only (no sockets)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 _TESTS = Path(__file__).parent
+
+collect_ignore = [] if os.environ.get("JETSERVE_ENGINE_TESTS") else ["engines", "vllm_real"]
+"""Real engines (torch, vLLM) need their extras: ``make test-engines`` / ``make test-vllm`` set
+``JETSERVE_ENGINE_TESTS`` and install them; ``make test`` runs without."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

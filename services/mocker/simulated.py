@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from services.mocker.config import MockerConfig
 from services.mocker.engine import Engine
@@ -85,6 +86,9 @@ class SimulatedEngine:
 
     def take_kv_events(self) -> list[AnyKvEvent]:
         return self.engine.take_kv_events()
+
+    def on_kv_events(self, wake: Callable[[], None]) -> None:
+        """The simulated cache changes only inside ``run``, where the sink collects."""
 
     def kv_dump(self, *, with_tokens: bool) -> list[BlockStored]:
         return self.engine.cache.dump(with_tokens=with_tokens)

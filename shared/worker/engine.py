@@ -18,7 +18,7 @@ Two ways to drive an engine, both behind ``WorkerEngine.run``:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from shared.errors import ServiceError
@@ -97,6 +97,12 @@ class WorkerEngine(Protocol):
 
     def take_kv_events(self) -> list[AnyKvEvent]:
         """KV events since the last call, in order, with JetServe's block hashes."""
+        ...
+
+    def on_kv_events(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` whenever KV events arrive outside ``run`` (an engine whose events come
+        from a feed of their own, such as vLLM's ZMQ publisher, after its last request ended);
+        the runtime then takes them. An engine whose events only come from ``run`` ignores it."""
         ...
 
     def kv_dump(self, *, with_tokens: bool) -> list[BlockStored]:

@@ -142,6 +142,7 @@ class WorkerRuntime:
         "ready")."""
         await self.prepare()
         assert self._registration is not None
+        self.engine.on_kv_events(self.publisher.collect_kv_events)
         self.engine.reset_cache()  # event 1 = AllBlocksCleared: routers drop a past life's blocks
         await self.publisher.start()
         self._accepting = True

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 import structlog
@@ -55,7 +55,8 @@ class StreamingEngine(ABC):
     def __init__(self) -> None:
         self.stats = EngineStats()
         self.kv_events: list[AnyKvEvent] = []
-        """KV events with JetServe hashes, appended by the engine (or its relay)."""
+        """KV events with JetServe hashes; an engine adds them with ``add_kv_events``."""
+        self._kv_wake: Callable[[], None] | None = None
         self._pending: list[_Running] = []
         self._running: dict[str, _Running] = {}
         self._changed = asyncio.Event()
@@ -138,6 +139,16 @@ class StreamingEngine(ABC):
     def reset_cache(self) -> None:
         """Engines start with an empty cache: say so, so routers drop a past life's blocks."""
         self.kv_events.append(AllBlocksCleared())
+
+    def add_kv_events(self, events: Iterable[AnyKvEvent]) -> None:
+        """New KV events (from the engine or its relay): kept for ``take_kv_events``, and the
+        runtime woken to take them even when no request is running."""
+        self.kv_events.extend(events)
+        if self._kv_wake is not None and self.kv_events:
+            self._kv_wake()
+
+    def on_kv_events(self, wake: Callable[[], None]) -> None:
+        self._kv_wake = wake
 
     def take_kv_events(self) -> list[AnyKvEvent]:
         events, self.kv_events = self.kv_events, []

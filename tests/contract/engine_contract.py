@@ -230,7 +230,7 @@ async def check_kv_events(w: WorkerUnderTest, block_size: int) -> None:
     while time.monotonic() < deadline:
         stored = []
         info = await js.stream_info(w.subjects.kv_stream)
-        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        for seq in range(max(1, info.state.first_seq), info.state.last_seq + 1):
             msg = await js.get_msg(w.subjects.kv_stream, seq)
             batch = codec.decode(msg.data or b"", KvEventBatch)
             if batch.worker_id != w.worker_id:

@@ -19,7 +19,6 @@ from nats.aio.subscription import Subscription
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from shared.worker.grace import FORMATTER_GRACE_S
 from services.mocker.service import ModelInfo
 from services.preprocessor.config import PreprocessorConfig
 from services.preprocessor.service import Preprocessor, serving
@@ -41,6 +40,7 @@ from shared.messages import (
 )
 from shared.registry import publish_model
 from shared.subjects import Subjects
+from shared.worker.grace import FORMATTER_GRACE_S
 from tests.integration.test_router_mocker import MODEL, PROMPT, Stream, running_mocker
 
 WORKER = "w"

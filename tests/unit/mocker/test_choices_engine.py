@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.mocker.engine import Emission, Engine, EngineConfig
-from shared.worker.outbox import Outbox
 from shared.messages import Guided, SamplingParams
+from shared.worker.outbox import Outbox
 
 CORPUS = tuple(range(1000, 1200))
 EOS = 7

@@ -1,0 +1,148 @@
+"""Build a real in-process vLLM engine: the only module that imports vllm.
+
+``load_vllm`` makes an ``AsyncLLM`` (``vllm/v1/engine/async_llm.py``
+``AsyncLLM.from_engine_args(engine_args, stat_loggers=...)``) from the worker's settings with
+prefix caching on and KV events enabled (``vllm/config/kv_events.py`` ``KVEventsConfig``:
+``enable_kv_cache_events``, ``publisher="zmq"``, ``endpoint``, ``replay_endpoint``, ``topic``)
+on two IPC sockets in a private temporary directory (local to the host, no port to pick; vLLM's
+``ZmqEventPublisher`` binds an ``ipc://`` endpoint). A stat logger (``vllm/v1/metrics/
+loggers.py`` ``StatLoggerBase``) copies the scheduler's stats into the handle's
+``SchedulerSnapshot``. The engine's facts (block size, GPU blocks, context length, batch size)
+are read from its ``vllm_config`` once it has loaded.
+
+Like ``vllm serve``, the engine is built on the event loop (vLLM's client sockets belong to
+it); a worker is not registered while its engine loads.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import structlog
+from vllm import SamplingParams
+from vllm.config import KVEventsConfig
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+from services.vllm_worker.config import VllmWorkerConfig
+from services.vllm_worker.engine import VllmHandle
+from services.vllm_worker.stats import SchedulerSnapshot
+from shared.worker.records import EngineFacts
+
+log = structlog.get_logger(__name__)
+
+__all__ = ["KV_TOPIC", "load_vllm", "make_sampling_params"]
+
+KV_TOPIC = "kv"
+
+
+def make_sampling_params(kwargs: dict[str, Any]) -> Any:
+    """``sampling.engine_kwargs`` → ``vllm.SamplingParams`` (vLLM validates it)."""
+    values = dict(kwargs)
+    kind = values.pop("output_kind", None)
+    if kind is not None:
+        values["output_kind"] = RequestOutputKind[kind]
+    structured = values.pop("structured_outputs", None)
+    if structured is not None:
+        values["structured_outputs"] = StructuredOutputsParams(**structured)
+    return SamplingParams(**values)
+
+
+def _snapshot_logger(snapshot: SchedulerSnapshot) -> Any:
+    """A stat logger factory (``(vllm_config, engine_index) -> StatLoggerBase``)."""
+
+    class SnapshotLogger(StatLoggerBase):  # type: ignore[misc]
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.engine_index = engine_index
+
+        def record(
+            self,
+            scheduler_stats: Any,
+            iteration_stats: Any,
+            mm_cache_stats: Any = None,
+            engine_idx: int = 0,
+        ) -> None:
+            if scheduler_stats is None:
+                return
+            usage: Any = getattr(scheduler_stats, "kv_cache_usage", None)
+            if usage is None:
+                usage = getattr(scheduler_stats, "gpu_cache_usage", 0.0)
+            snapshot.update(
+                running=int(scheduler_stats.num_running_reqs),
+                waiting=int(scheduler_stats.num_waiting_reqs),
+                kv_usage=float(usage),
+            )
+
+        def log_engine_initialized(self) -> None:
+            return
+
+    return SnapshotLogger
+
+
+async def load_vllm(config: VllmWorkerConfig, worker_id: str) -> VllmHandle:
+    """Load the model and start the engine (minutes on a GPU)."""
+    model = config.vllm_model or str(config.resolved_model_dir())
+    sockets = Path(tempfile.mkdtemp(prefix="jetserve-vllm-"))
+    endpoint = f"ipc://{sockets}/kv.sock"
+    replay = f"ipc://{sockets}/kv-replay.sock"
+    snapshot = SchedulerSnapshot()
+    args = AsyncEngineArgs(
+        model=model,
+        served_model_name=[config.model_name],
+        block_size=config.block_size,
+        enable_prefix_caching=True,
+        max_num_seqs=config.max_num_seqs,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        max_model_len=config.max_model_len or None,
+        tensor_parallel_size=config.tensor_parallel_size,
+        dtype=config.dtype,
+        enforce_eager=config.enforce_eager,
+        kv_events_config=KVEventsConfig(
+            enable_kv_cache_events=True,
+            publisher="zmq",
+            endpoint=endpoint,
+            replay_endpoint=replay,
+            topic=KV_TOPIC,
+        ),
+    )
+    log.info("vllm_loading", worker_id=worker_id, model=model)
+    engine = AsyncLLM.from_engine_args(args, stat_loggers=[_snapshot_logger(snapshot)])
+    vllm_config = engine.vllm_config
+    block_size = int(vllm_config.cache_config.block_size)
+    if block_size != config.block_size:
+        log.warning("vllm_block_size_changed", asked=config.block_size, actual=block_size)
+    eos: tuple[int, ...] = ()
+    try:
+        tokenizer = await engine.get_tokenizer()
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            eos = (int(tokenizer.eos_token_id),)
+    except Exception:  # noqa: BLE001 - no tokenizer (skip_tokenizer_init): EOS from the files
+        log.info("vllm_tokenizer_unavailable")
+    facts = EngineFacts(
+        kind="vllm",
+        block_size=block_size,
+        kv_blocks=int(vllm_config.cache_config.num_gpu_blocks or 0),
+        max_num_seqs=int(vllm_config.scheduler_config.max_num_seqs),
+        context_length=int(vllm_config.model_config.max_model_len),
+        eos_token_ids=eos,
+    )
+
+    async def shutdown() -> None:
+        engine.shutdown()
+        shutil.rmtree(sockets, ignore_errors=True)
+
+    return VllmHandle(
+        client=engine,
+        facts=facts,
+        make_sampling_params=make_sampling_params,
+        kv_endpoint=endpoint,
+        kv_replay_endpoint=replay,
+        kv_topic=KV_TOPIC,
+        scheduler=snapshot,
+        shutdown=shutdown,
+    )

@@ -1,0 +1,161 @@
+"""JetServe ``SamplingParams`` → vLLM sampling arguments. Pure: no vllm import, no I/O.
+
+Two shapes of the same decision:
+
+- ``engine_kwargs``: keyword arguments of ``vllm.SamplingParams`` for the in-process engine
+  (``vllm/sampling_params.py``, read at commit 00388f6573ccfcffad607b8c9ecdf341a4669ceb). Two
+  values are plain Python here and made into vLLM objects by ``loader.make_sampling_params``:
+  ``output_kind`` is the *name* of a ``RequestOutputKind`` member (``"DELTA"``) and
+  ``structured_outputs`` is a dict of ``StructuredOutputsParams`` fields.
+- ``completions_body``: the JSON body of a streaming ``POST /v1/completions`` to ``vllm serve``
+  with a token-id prompt and ``return_token_ids`` (vLLM's ``CompletionRequest``,
+  ``vllm/entrypoints/openai/serving_completion.py`` ``completion_stream_generator``).
+
+What vLLM cannot do as JetServe asks raises ``EngineError`` (a 400) with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.messages import Guided, SamplingParams
+from shared.worker.records import EngineError
+
+__all__ = [
+    "OUTPUT_KIND_DELTA",
+    "SALT_PREFIX",
+    "cache_salt",
+    "completions_body",
+    "engine_kwargs",
+    "structured_outputs",
+]
+
+OUTPUT_KIND_DELTA = "DELTA"
+"""``RequestOutputKind.DELTA``: each ``RequestOutput`` carries only the new tokens."""
+
+SALT_PREFIX = "jetserve-seed-"
+"""A request's ``cache_salt`` as vLLM sees it: this prefix and the hex of its JetServe hash seed.
+vLLM puts the salt in the first block's extra keys (``BlockStored.extra_keys``), which is how
+``kv_relay`` tells salted tenants' blocks apart."""
+
+
+def cache_salt(hash_seed: int, default_seed: int) -> str | None:
+    """The ``cache_salt`` to give vLLM for a request (None when its seed is the LoRA's own:
+    vLLM already separates LoRAs)."""
+    if hash_seed == default_seed:
+        return None
+    return f"{SALT_PREFIX}{hash_seed:x}"
+
+
+def structured_outputs(guided: Guided | None) -> dict[str, Any] | None:
+    """``StructuredOutputsParams`` fields for ``guided`` (None: unconstrained).
+
+    vLLM constrains the whole output; a constraint that must start after a reasoning block, or
+    a tool call in the model's own syntax, is not something it can express here.
+    """
+    if guided is None:
+        return None
+    constrained = guided.json_schema is not None or guided.json_object
+    if guided.tools and guided.tool_choice not in ("auto", "none"):
+        raise EngineError(
+            f"tool_choice={guided.tool_choice!r} is not supported by the vLLM worker: vLLM cannot "
+            "constrain a tool call to the model's tool-call syntax"
+        )
+    if guided.max_thinking_tokens is not None:
+        raise EngineError("max_thinking_tokens is not supported by the vLLM worker")
+    if constrained and guided.thinking:
+        raise EngineError(
+            "response_format with a reasoning model is not supported by the vLLM worker: the "
+            "constraint would apply to the reasoning block too"
+        )
+    if guided.json_schema is not None:
+        return {"json": guided.json_schema}
+    if guided.json_object:
+        return {"json_object": True}
+    return None
+
+
+def _check(sampling: SamplingParams) -> None:
+    if sampling.n < 1:
+        raise EngineError("n must be at least 1")
+    if sampling.max_tokens < 1:
+        raise EngineError("max_tokens must be at least 1")
+    if sampling.logprobs is not None and sampling.logprobs < 0:
+        raise EngineError("logprobs must be at least 0 for the vLLM worker")
+
+
+def _common(sampling: SamplingParams) -> dict[str, Any]:
+    """The fields both shapes spell the same way."""
+    out: dict[str, Any] = {
+        "n": sampling.n,
+        "max_tokens": sampling.max_tokens,
+        "min_tokens": sampling.min_tokens,
+        "temperature": 0.0 if sampling.greedy else sampling.temperature,
+        "top_p": 1.0 if sampling.greedy else sampling.top_p,
+        # JetServe's "all tokens" is -1; vLLM takes 0 (and, before 0.9, -1) for it.
+        "top_k": 0 if sampling.greedy or sampling.top_k <= 0 else sampling.top_k,
+        "min_p": 0.0 if sampling.greedy else sampling.min_p,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
+        "repetition_penalty": sampling.repetition_penalty,
+        "ignore_eos": sampling.ignore_eos,
+        "stop_token_ids": list(sampling.stop_token_ids),
+    }
+    if sampling.seed is not None:
+        out["seed"] = sampling.seed
+    if sampling.logprobs is not None:
+        out["logprobs"] = sampling.logprobs
+    return out
+
+
+def engine_kwargs(sampling: SamplingParams) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.SamplingParams`` (see the module docstring)."""
+    _check(sampling)
+    out = _common(sampling)
+    if sampling.logit_bias:
+        out["logit_bias"] = {int(k): float(v) for k, v in sampling.logit_bias.items()}
+    structured = structured_outputs(sampling.guided)
+    if structured is not None:
+        out["structured_outputs"] = structured
+    out["output_kind"] = OUTPUT_KIND_DELTA
+    out["detokenize"] = False  # JetServe detokenizes in the formatter
+    out["skip_special_tokens"] = False
+    return out
+
+
+def completions_body(
+    token_ids: tuple[int, ...],
+    sampling: SamplingParams,
+    *,
+    model: str,
+    salt: str | None = None,
+) -> dict[str, Any]:
+    """The JSON body of a streaming token-in/token-out ``/v1/completions`` request.
+
+    ``return_token_ids`` puts each delta's ids in ``choices[i].token_ids``;
+    ``return_tokens_as_token_ids`` names log-probability alternatives ``token_id:<id>``;
+    ``stream_options.include_usage`` ends the stream with the usage chunk
+    (``prompt_tokens_details.cached_tokens`` when the server runs with
+    ``--enable-prompt-tokens-details``).
+    """
+    _check(sampling)
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": list(token_ids),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+        "echo": False,
+        "skip_special_tokens": False,
+        **_common(sampling),
+    }
+    if sampling.logit_bias:
+        body["logit_bias"] = {str(k): float(v) for k, v in sampling.logit_bias.items()}
+    if sampling.logprobs is not None:
+        body["return_tokens_as_token_ids"] = True
+    structured = structured_outputs(sampling.guided)
+    if structured is not None:
+        body["structured_outputs"] = structured
+    if salt is not None:
+        body["cache_salt"] = salt
+    return body

@@ -1,0 +1,1 @@
+"""Fakes of external engines that follow their real interfaces (for tests that run without them)."""
