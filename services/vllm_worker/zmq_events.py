@@ -10,7 +10,9 @@ b4e69e0af33f4698e157a262cc787fe61983cd3d and 0181ea3173e53eea8cf04a86891488e3dc8
   drops silently: a subscription still being set up, a full queue), a DEALER socket asks the
   publisher's ROUTER replay endpoint for every buffered batch from the first missing ``seq``:
   it sends ``(b"", seq)``, gets ``(b"", seq, payload)`` frames in order, then ``(b"", END_SEQ,
-  b"")``. A batch older than the buffer is lost for good (``KvRelay.lost``);
+  b"")``; vLLM 0.33 adds the topic (``(b"", topic, seq, payload)``, end ``(b"", b"", END_SEQ,
+  b"")``: ``_service_replay`` as installed by ``make test-vllm``), and both are read. A batch
+  older than the buffer is lost for good (``KvRelay.lost``);
 - a live ``seq`` at or below the last one means the publisher restarted: the relay starts over.
 """
 
@@ -32,6 +34,16 @@ from shared.messages import AnyKvEvent
 log = structlog.get_logger(__name__)
 
 __all__ = ["KvEventSubscriber"]
+
+
+def replay_frames(frames: list[bytes]) -> tuple[bytes, bytes] | None:
+    """``(seq, payload)`` of a replay reply as a DEALER receives it: ``(b"", seq, payload)``
+    (vLLM before 0.33) or ``(b"", topic, seq, payload)`` (0.33); None for anything else."""
+    if len(frames) == 3 and frames[0] == b"":
+        return frames[1], frames[2]
+    if len(frames) == 4 and frames[0] == b"":
+        return frames[2], frames[3]
+    return None
 
 
 class KvEventSubscriber:
@@ -161,10 +173,12 @@ class KvEventSubscriber:
                 frames = await asyncio.wait_for(
                     dealer.recv_multipart(), timeout=self.replay_timeout_s
                 )
-                if len(frames) != 3:
+                reply = replay_frames(frames)
+                if reply is None:
                     log.warning("kv_replay_frames_unexpected", frames=len(frames))
                     return
-                seq = decode_seq(frames[1])
+                seq_bytes, payload = reply
+                seq = decode_seq(seq_bytes)
                 if seq == END_SEQ:
                     return
                 check = self.relay.check(seq)
@@ -173,7 +187,7 @@ class KvEventSubscriber:
                 if isinstance(check, Gap):  # older than the publisher's buffer
                     log.warning("kv_events_lost", first=self.relay.next_seq, resume=seq)
                     self._emit(self.relay.lost(seq))
-                self._apply(seq, frames[2])
+                self._apply(seq, payload)
         except TimeoutError:
             log.warning("kv_replay_timed_out", from_seq=from_seq)
         finally:

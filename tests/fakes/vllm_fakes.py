@@ -18,8 +18,10 @@ Each fake names the vLLM source it follows (read through the code index; commits
 - ``FakeKvPublisher``: ``vllm/distributed/kv_events.py`` ``ZmqEventPublisher`` — a PUB socket
   sending ``(topic, seq.to_bytes(8, "big"), msgpack(KVEventBatch))`` from a background thread,
   a ``deque`` replay buffer, and a ROUTER replay socket answering ``(identity, b"", start_seq)``
-  with ``(identity, b"", seq, payload)`` per buffered batch then ``(identity, b"", END_SEQ,
-  b"")``. ``layout="array"`` encodes the structs as vLLM did with ``array_like=True`` (commit
+  with ``(identity, b"", topic, seq, payload)`` per buffered batch then ``(identity, b"", b"",
+  END_SEQ, b"")`` (vLLM 0.33.0's ``_service_replay``, seen in the installed package by
+  ``make test-vllm``; ``replay_topic=False``: the earlier ``(identity, b"", seq, payload)``).
+  ``layout="array"`` encodes the structs as vLLM did with ``array_like=True`` (commit
   b4e69e0af33f4698e157a262cc787fe61983cd3d, field order of vLLM 0.11+ with ``medium``,
   ``lora_name``, ``extra_keys``); ``layout="map"`` as after vLLM PR #42892 (commit
   0181ea3173e53eea8cf04a86891488e3dc89bb34: maps tagged ``type``).
@@ -338,9 +340,12 @@ class FakeKvPublisher:
         topic: str = "kv",
         buffer_steps: int = 10_000,
         replay: bool = True,
+        replay_topic: bool = True,
     ) -> None:
+        """``replay_topic``: replay replies carry the topic, as vLLM 0.33's do."""
         self.layout = layout
         self.topic = topic
+        self.replay_topic = replay_topic
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
@@ -423,8 +428,19 @@ class FakeKvPublisher:
         self.replay_requests.append(start_seq)
         for seq, payload in self._buffer:
             if seq >= start_seq:
-                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
-        self._replay.send_multipart((client, b"", END_SEQ, b""))
+                self._replay.send_multipart(
+                    self._replay_reply(client, seq.to_bytes(8, "big"), payload)
+                )
+        self._replay.send_multipart(self._replay_reply(client, END_SEQ, b"", end=True))
+
+    def _replay_reply(
+        self, client: bytes, seq: bytes, payload: bytes, *, end: bool = False
+    ) -> tuple[bytes, ...]:
+        """vLLM 0.33's ``_service_replay`` sends the topic too (``(client, b"", topic, seq,
+        payload)``, end ``(client, b"", b"", END_SEQ, b"")``); earlier releases did not."""
+        if not self.replay_topic:
+            return (client, b"", seq, payload)
+        return (client, b"", b"" if end else self.topic.encode(), seq, payload)
 
 
 # --- vllm/v1/engine/async_llm.py -----------------------------------------------------------------
