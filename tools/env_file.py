@@ -13,9 +13,9 @@ import textwrap
 from services.cli.config import config_class, service_configs
 from shared.config import CommonConfig, Setting
 
-EXTRA_SERVICES = ("echo_tensor", "media")
-"""Services ``jetserve up`` does not run (test workers), documented and in ``.env`` all the same;
-compose runs them under a profile."""
+EXTRA_SERVICES = ("echo_tensor", "media", "vllm_worker", "hf_worker")
+"""Services ``jetserve up`` does not run by default (test workers, real engines), documented and
+in ``.env`` all the same; compose runs them under a profile (``vllm_worker``: ``gpu``)."""
 
 COMPOSE_COMMON: dict[str, str] = {
     "nats_url": "nats://nats:4222",

@@ -58,6 +58,7 @@ def _up(plan: UpPlan) -> int:
             namespace=str(plan.common["namespace"]),
             workers=up.workers,
             engine=up.engine,
+            mocker_args=up.worker_args,
             routers=up.routers,
             formatters=up.formatters,
             preprocessors=up.preprocessors,

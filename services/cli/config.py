@@ -61,6 +61,11 @@ class UpConfig:
         "needs jetserve[hf]), vllm (vLLM in-process; needs jetserve[vllm] and a GPU)",
         choices=tuple(WORKER_ENGINES),
     )
+    worker_args: str = setting(
+        "",
+        "Extra flags for every worker, one shell-quoted string (e.g. --engine hf "
+        '--worker-args "--random-weights --device cuda")',
+    )
     routers: int = setting(
         1,
         "Router processes; replicas share KV events and decisions (N > 1: router-0, router-1…)",

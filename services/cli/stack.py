@@ -158,7 +158,8 @@ class StackConfig:
     model_path: str | None = None
     model_name: str | None = None
     mocker_args: str = ""
-    """Extra flags for every mocker, one shell-quoted string (``service_args`` is the list form)."""
+    """Extra flags for every worker (whatever its engine), one shell-quoted string
+    (``service_args`` is the list form)."""
     log_level: str = "INFO"
     log_format: str = "json"
     log_to_terminal: bool = False

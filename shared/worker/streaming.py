@@ -61,6 +61,9 @@ class StreamingEngine(ABC):
         self._running: dict[str, _Running] = {}
         self._changed = asyncio.Event()
         self._tasks = TaskSet()
+        self._dirty: dict[str, None] = {}
+        """Requests with tokens buffered since the last flush (insertion-ordered)."""
+        self._flusher: asyncio.Task[None] | None = None
 
     # --- what a subclass provides ---------------------------------------------------------------
 
@@ -192,10 +195,12 @@ class StreamingEngine(ABC):
                 if entry.cancelled:
                     break
                 self._account(entry, emission)
-                if sink.add(emission):
+                if sink.add(emission):  # a first token or a finish: out at once
                     await sink.flush([rid])
-                await sink.phases([emission])
-                await sink.progress()
+                    await sink.phases([emission])
+                    await sink.progress()
+                else:
+                    self._flush_soon(rid, sink)
                 if emission.done:
                     break
         except asyncio.CancelledError:
@@ -218,6 +223,20 @@ class StreamingEngine(ABC):
         elif not entry.done and not entry.cancelled:
             await sink.fail(rid, InternalError("the engine ended the request without finishing it"))
         await sink.flush([rid])
+
+    def _flush_soon(self, request_id: str, sink: EmissionSink) -> None:
+        """Publish ``request_id``'s buffered tokens once the drivers woken with it have added
+        theirs: an engine step's outputs for every request go out in one flush."""
+        self._dirty[request_id] = None
+        if self._flusher is None:
+            self._flusher = self._tasks.spawn(self._flush_dirty(sink), name="stream-flush")
+
+    async def _flush_dirty(self, sink: EmissionSink) -> None:
+        await asyncio.sleep(0)  # the other drivers of this step run first
+        self._flusher = None
+        ids, self._dirty = list(self._dirty), {}
+        await sink.flush(ids)
+        await sink.progress()
 
     def _account(self, entry: _Running, emission: Emission) -> None:
         if emission.token_ids and not entry.first_sent:

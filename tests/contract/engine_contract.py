@@ -157,6 +157,9 @@ async def check_streaming_and_max_tokens(w: WorkerUnderTest) -> None:
         assert batch.index == index
         assert batch.worker_id == w.worker_id
         index += len(batch.token_ids)
+    # Streamed as generated: tokens come between the first one and the finish (an engine
+    # that buffered everything until the end would send two batches).
+    assert len(out.batches) > 2, [len(b.token_ids) for b in out.batches]
 
 
 async def check_greedy_is_repeatable(w: WorkerUnderTest) -> None:

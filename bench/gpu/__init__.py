@@ -1,0 +1,1 @@
+"""GPU benchmarks (issue 11): bench/gpu/run.sh."""

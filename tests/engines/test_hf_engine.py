@@ -1,0 +1,225 @@
+"""``HfEngine`` alone, on the tiny random Qwen3 (CPU): real forward passes through transformers'
+continuous batching, driven the way the worker runtime drives it (``add`` then ``run`` with a
+sink)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from services.hf_worker.engine import HfEngine, HfEngineOptions
+from shared.errors import ServiceError
+from shared.messages import SamplingParams
+from shared.worker.records import Emission, EngineError, EngineInput
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+PROMPT = (9707, 11, 1879, 0, 358, 1079, 264, 1273, 9934, 13)
+GREEDY = SamplingParams(max_tokens=12, greedy=True)
+
+
+@dataclass
+class Sink:
+    """An ``EmissionSink`` that records what it gets (with when)."""
+
+    emissions: list[tuple[float, Emission]] = field(default_factory=list)
+    failures: dict[str, ServiceError] = field(default_factory=dict)
+    on_add: list[object] = field(default_factory=list)
+
+    def add(self, emission: Emission) -> bool:
+        self.emissions.append((time.monotonic(), emission))
+        return True
+
+    async def flush(self, request_ids: object = None) -> None:
+        return None
+
+    async def phases(self, emissions: object) -> None:
+        return None
+
+    async def fail(self, request_id: str, error: ServiceError) -> None:
+        self.failures[request_id] = error
+
+    def collect(self) -> None:
+        return None
+
+    async def progress(self) -> None:
+        return None
+
+    def of(self, request_id: str) -> list[Emission]:
+        return [e for _, e in self.emissions if e.request_id == request_id]
+
+    def tokens(self, request_id: str) -> list[int]:
+        return [t for e in self.of(request_id) for t in e.token_ids]
+
+
+def request(
+    rid: str, sampling: SamplingParams = GREEDY, prompt: tuple[int, ...] = PROMPT
+) -> EngineInput:
+    return EngineInput(request_id=rid, token_ids=prompt, sampling=sampling, hash_seed=0)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def engine(tiny_model_dir: Path) -> AsyncIterator[HfEngine]:
+    eng = HfEngine(
+        HfEngineOptions(
+            model_dir=tiny_model_dir,
+            random_weights=True,
+            device="cpu",
+            block_size=16,
+            num_blocks=128,
+            max_batch_tokens=256,
+            max_num_seqs=8,
+            seed=3,
+        )
+    )
+    facts = await eng.start()
+    assert facts.kind == "hf"
+    assert facts.kv_events is False
+    try:
+        yield eng
+    finally:
+        await eng.stop()
+
+
+async def run(engine: HfEngine, *requests: EngineInput) -> Sink:
+    sink = Sink()
+    for r in requests:
+        engine.add(r)
+    await asyncio.wait_for(engine.run(sink), timeout=60)
+    return sink
+
+
+def check_stream(emissions: list[Emission], prompt_tokens: int) -> list[int]:
+    """Indices contiguous from 0, the first carries the prompt size, only the last is done."""
+    assert emissions, "nothing was emitted"
+    expected = 0
+    for e in emissions:
+        assert e.index == expected
+        expected += len(e.token_ids)
+    assert emissions[0].prompt_tokens == prompt_tokens
+    assert [e.done for e in emissions] == [False] * (len(emissions) - 1) + [True]
+    return [t for e in emissions for t in e.token_ids]
+
+
+async def test_streams_tokens_and_ends_with_length(engine: HfEngine) -> None:
+    sampling = SamplingParams(max_tokens=16, temperature=0.8, top_p=0.95)
+    sink = await run(engine, request("s1", sampling))
+    emissions = sink.of("s1")
+    tokens = check_stream(emissions, len(PROMPT))
+    assert len(tokens) == 16
+    assert len(emissions) >= 2, "the tokens came in one emission: not streamed"
+    assert emissions[-1].finish_reason == "length"
+    assert emissions[-1].stop_token_id is None
+    assert all(0 <= t < 151936 for t in tokens)
+    assert not sink.failures
+    assert engine.load().active == 0
+
+
+async def test_greedy_is_deterministic_and_matches_plain_generate(
+    engine: HfEngine, tiny_model_dir: Path
+) -> None:
+    first = (await run(engine, request("g1"))).tokens("g1")
+    second = (await run(engine, request("g2"))).tokens("g2")
+    assert len(first) == GREEDY.max_tokens
+    assert first == second
+    # The same seeded weights through transformers' plain generate() (no paged cache).
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(3)
+    config = AutoConfig.from_pretrained(str(tiny_model_dir))
+    model_class: Any = AutoModelForCausalLM  # untyped boundary
+    reference = model_class.from_config(config, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        out = reference.generate(
+            torch.tensor([PROMPT]),
+            max_new_tokens=GREEDY.max_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    assert first == out[0, len(PROMPT) :].tolist()
+
+
+async def test_a_stop_token_ends_with_stop(engine: HfEngine) -> None:
+    plain = (await run(engine, request("p1"))).tokens("p1")
+    stop_at = plain[2]
+    cut = plain.index(stop_at) + 1
+    sampling = SamplingParams(max_tokens=12, greedy=True, stop_token_ids=(stop_at,))
+    sink = await run(engine, request("p2", sampling))
+    emissions = sink.of("p2")
+    tokens = check_stream(emissions, len(PROMPT))
+    assert tokens == plain[:cut]
+    assert emissions[-1].finish_reason == "stop"
+    assert emissions[-1].stop_token_id == stop_at == tokens[-1]
+
+
+async def test_cancel_mid_stream(engine: HfEngine) -> None:
+    sampling = SamplingParams(max_tokens=1500, temperature=1.0)
+    sink = Sink()
+    engine.add(request("c1", sampling))
+    runner = asyncio.create_task(engine.run(sink))
+    deadline = time.monotonic() + 30
+    while len(sink.tokens("c1")) < 3:
+        assert time.monotonic() < deadline, "no tokens came"
+        await asyncio.sleep(0.005)
+    last = engine.cancel("c1")
+    assert last is not None
+    assert last.finish_reason == "cancelled"
+    assert last.done
+    await asyncio.wait_for(runner, timeout=10)
+    count = len(sink.tokens("c1"))
+    assert 3 <= count < 1500
+    assert last.index == count
+    await asyncio.sleep(0.3)
+    assert len(sink.tokens("c1")) == count, "tokens came after the cancel"
+    assert "c1" not in engine
+    # The manager stopped generating it (a step or two in flight may still have come).
+    dropped = engine.dropped_outputs
+    await asyncio.sleep(0.5)
+    assert engine.dropped_outputs == dropped, "the manager still runs the cancelled request"
+    # The manager dropped it: a new request runs at once and alone.
+    after = await run(engine, request("c2"))
+    assert len(after.tokens("c2")) == GREEDY.max_tokens
+    assert engine.kv_usage()[0] == 0
+
+
+async def test_two_requests_are_batched(engine: HfEngine) -> None:
+    solo_a = (await run(engine, request("b0", prompt=PROMPT))).tokens("b0")
+    other = (PROMPT[0], 42, 77, 3000, 12)
+    solo_b = (await run(engine, request("b00", prompt=other))).tokens("b00")
+    sampling = SamplingParams(max_tokens=40, greedy=True)
+    sink = await run(engine, request("ba", sampling), request("bb", sampling, prompt=other))
+    a, b = sink.of("ba"), sink.of("bb")
+    check_stream(a, len(PROMPT))
+    check_stream(b, len(other))
+    assert len(sink.tokens("ba")) == len(sink.tokens("bb")) == 40
+    # Greedy output does not depend on the batch it ran in.
+    assert sink.tokens("ba")[:12] == solo_a
+    assert sink.tokens("bb")[:12] == solo_b
+    # Interleaved: each one's first token came before the other's last one.
+    times = {rid: [t for t, e in sink.emissions if e.request_id == rid] for rid in ("ba", "bb")}
+    assert times["ba"][0] < times["bb"][-1]
+    assert times["bb"][0] < times["ba"][-1]
+
+
+async def test_refuses_what_it_cannot_run(engine: HfEngine) -> None:
+    with pytest.raises(EngineError, match="context length"):
+        engine.add(request("r1", SamplingParams(max_tokens=2048)))
+    with pytest.raises(EngineError, match="unsupported"):
+        engine.add(request("r2", SamplingParams(n=2)))
+    with pytest.raises(EngineError, match="unsupported"):
+        engine.add(request("r3", SamplingParams(logprobs=1)))
+    with pytest.raises(EngineError, match="at least one token"):
+        engine.add(request("r4", prompt=()))
+    assert not engine.has_work
