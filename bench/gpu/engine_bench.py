@@ -40,36 +40,9 @@ from bench.httpclient import Connection
 from services.cli.stack import Stack, StackConfig
 from services.hf_worker.engine import HfEngine, HfEngineOptions
 from shared.messages import SamplingParams
-from shared.model_dir import ensure_default_model_dir
+from shared.model_dir import TINY_QWEN3, ensure_default_model_dir
 from shared.worker.records import EngineInput
 
-QWEN3_0_6B: dict[str, Any] = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "rope_theta": 1000000,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
-}
-TINY: dict[str, Any] = {
-    **QWEN3_0_6B,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 4096,
-    "torch_dtype": "float32",
-}
 MODEL_NAME = "Qwen/Qwen3-0.6B-random"
 SEED = 11
 
@@ -86,16 +59,8 @@ class Sample:
 
 
 def write_model_dir(target: Path, *, tiny: bool) -> Path:
-    """Tokenizer files + generation config (``ensure_default_model_dir``) and our config.json."""
-    ensure_default_model_dir(target)
-    written = json.loads((target / "config.json").read_text(encoding="utf-8"))
-    config = {
-        **(TINY if tiny else QWEN3_0_6B),
-        "bos_token_id": written["bos_token_id"],
-        "eos_token_id": written["eos_token_id"],
-    }
-    (target / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    return target
+    """Qwen3-0.6B's shapes (or the 2-layer toy) and the bundled tokenizer files."""
+    return ensure_default_model_dir(target, TINY_QWEN3 if tiny else None)
 
 
 def prompts(count: int, length: int) -> list[list[int]]:
@@ -269,7 +234,8 @@ async def http_phase(
         raise
     print(f"stack: ready in {time.perf_counter() - t0:.1f}s at {stack.base_url}", flush=True)
     host, port = stack.config.http_host, stack.http_port
-    connections = [Connection(host, port) for _ in range(max(args.levels))]
+    # One connection per client of the biggest level, and of the warm-up (4 at once).
+    connections = [Connection(host, port) for _ in range(max(4, *args.levels))]
 
     async def one(conn: Connection, prompt: list[int], max_tokens: int) -> Sample:
         body = {

@@ -12,11 +12,9 @@ from nats.aio.client import Client
 
 from services.hf_worker.config import HfWorkerConfig
 from services.hf_worker.engine import HfEngine, HfEngineOptions
-from shared.metrics import ServiceMetrics
 from shared.worker.engine import WorkerEngine
 from shared.worker.metrics import WorkerMetrics
-from shared.worker.process import EngineFactory, WorkerProcess
-from shared.worker.runtime import WorkerRuntime
+from shared.worker.process import EngineFactory, WorkerService
 
 __all__ = ["HfWorker", "engine_factory", "engine_options"]
 
@@ -48,40 +46,15 @@ def engine_factory(config: HfWorkerConfig, model_dir: Path) -> EngineFactory:
     return make
 
 
-class HfWorker:
-    """All the transformers workers of one process."""
+class HfWorker(WorkerService):
+    """All the transformers workers of one process (each engine loads its own model copy)."""
 
     def __init__(
-        self,
-        config: HfWorkerConfig,
-        nc: Client,
-        *,
-        metrics: WorkerMetrics | None = None,
+        self, config: HfWorkerConfig, nc: Client, *, metrics: WorkerMetrics | None = None
     ) -> None:
-        self.config = config
-        self.metrics = metrics or WorkerMetrics(config.SERVICE)
-        self._nc = nc
-        self._process: WorkerProcess | None = None
+        super().__init__(config, nc, metrics=metrics)
+        self.config: HfWorkerConfig = config
 
-    @property
-    def service_metrics(self) -> ServiceMetrics:
-        return self.metrics.service
-
-    @property
-    def workers(self) -> list[WorkerRuntime]:
-        return self._process.workers if self._process is not None else []
-
-    async def start(self) -> None:
+    async def engines(self) -> tuple[EngineFactory, Path]:
         model_dir = await asyncio.to_thread(self.config.model_dir)
-        self._process = WorkerProcess(
-            self.config,
-            self._nc,
-            engine_factory(self.config, model_dir),
-            model_dir=model_dir,
-            metrics=self.metrics,
-        )
-        await self._process.start()
-
-    async def stop(self) -> None:
-        if self._process is not None:
-            await self._process.stop()
+        return engine_factory(self.config, model_dir), model_dir

@@ -122,8 +122,13 @@ def deltas(output: RequestOutputLike, logprobs: int | None) -> list[ChoiceDelta]
     return out
 
 
-def check_request(request: EngineInput) -> None:
-    """What neither vLLM engine can ever run (``EngineError``)."""
+def check_request(request: EngineInput, context_length: int) -> None:
+    """What neither vLLM engine can ever run (``EngineError``); ``context_length`` 0 = unknown."""
+    if context_length and len(request.token_ids) >= context_length:
+        raise EngineError(
+            f"the prompt has {len(request.token_ids)} tokens; the model's context is "
+            f"{context_length}"
+        )
     if not request.token_ids:
         raise EngineError("the prompt must contain at least one token")
     if not 0 <= request.resumed_tokens < len(request.token_ids):
@@ -184,15 +189,10 @@ class VllmEngine(StreamingEngine):
             await self._handle.shutdown()
 
     def check(self, request: EngineInput) -> None:
-        check_request(request)
+        check_request(request, self.handle.facts.context_length)
         engine_kwargs(request.sampling)  # raises EngineError for what vLLM cannot do
         if request.lora_name and self.handle.make_lora is None:
             raise EngineError(f"LoRA adapter {request.lora_name!r} is not served by this worker")
-        limit = self.handle.facts.context_length
-        if limit and len(request.token_ids) >= limit:
-            raise EngineError(
-                f"the prompt has {len(request.token_ids)} tokens; the model's context is {limit}"
-            )
 
     def kv_dump(self, *, with_tokens: bool) -> list[BlockStored]:
         """The blocks vLLM reported and has not evicted (none without KV events)."""

@@ -232,13 +232,8 @@ class RemoteVllmEngine(StreamingEngine):
             await self._client.aclose()
 
     def check(self, request: EngineInput) -> None:
-        check_request(request)
+        check_request(request, self.facts.context_length if self.facts is not None else 0)
         completions_body(request.token_ids, request.sampling, model=self.model)
-        limit = self.facts.context_length if self.facts is not None else 0
-        if limit and len(request.token_ids) >= limit:
-            raise EngineError(
-                f"the prompt has {len(request.token_ids)} tokens; the model's context is {limit}"
-            )
 
     def kv_dump(self, *, with_tokens: bool) -> list[BlockStored]:
         """The blocks vLLM reported and has not evicted (none without KV events)."""

@@ -6,16 +6,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from nats.aio.client import Client
 
 from services.vllm_worker.config import VllmWorkerConfig
 from services.vllm_worker.engine import VllmEngine, VllmHandle
 from services.vllm_worker.remote import RemoteOptions, RemoteVllmEngine
-from shared.metrics import ServiceMetrics
 from shared.worker.engine import WorkerEngine
 from shared.worker.metrics import WorkerMetrics
-from shared.worker.process import EngineFactory, WorkerProcess
-from shared.worker.runtime import WorkerRuntime
+from shared.worker.process import EngineFactory, WorkerService
 
 __all__ = ["VllmWorker", "engine_factory"]
 
@@ -55,7 +55,7 @@ def engine_factory(config: VllmWorkerConfig) -> EngineFactory:
     return make
 
 
-class VllmWorker:
+class VllmWorker(WorkerService):
     """All the vLLM workers of one process."""
 
     def __init__(
@@ -66,26 +66,8 @@ class VllmWorker:
         make_engine: EngineFactory | None = None,
         metrics: WorkerMetrics | None = None,
     ) -> None:
-        self.config = config
-        self.metrics = metrics or WorkerMetrics(config.SERVICE)
-        self._nc = nc
+        super().__init__(config, nc, metrics=metrics)
         self._make_engine = make_engine or engine_factory(config)
-        self._process: WorkerProcess | None = None
 
-    @property
-    def service_metrics(self) -> ServiceMetrics:
-        return self.metrics.service
-
-    @property
-    def workers(self) -> list[WorkerRuntime]:
-        return self._process.workers if self._process is not None else []
-
-    async def start(self) -> None:
-        self._process = WorkerProcess(
-            self.config, self._nc, self._make_engine, metrics=self.metrics
-        )
-        await self._process.start()
-
-    async def stop(self) -> None:
-        if self._process is not None:
-            await self._process.stop()
+    async def engines(self) -> tuple[EngineFactory, Path | None]:
+        return self._make_engine, None

@@ -113,3 +113,42 @@ class WorkerProcess:
         """Stop every worker at once (each leaves the registry first)."""
         grace_s = self.config.shutdown_grace_s
         await asyncio.gather(*(w.stop(grace_s) for w in self.workers))
+
+
+class WorkerService:
+    """A worker service's ``Service`` for ``run_service``: its ``WorkerProcess`` once started.
+
+    An engine package subclasses it and says, in ``engines``, how its engines are made (and
+    from which model directory), loading whatever they share first.
+    """
+
+    def __init__(
+        self, config: WorkerConfig, nc: Client, *, metrics: WorkerMetrics | None = None
+    ) -> None:
+        self.config = config
+        self.metrics = metrics or WorkerMetrics(config.SERVICE)
+        self._nc = nc
+        self._process: WorkerProcess | None = None
+
+    @property
+    def service_metrics(self) -> ServiceMetrics:
+        return self.metrics.service
+
+    @property
+    def workers(self) -> list[WorkerRuntime]:
+        return self._process.workers if self._process is not None else []
+
+    async def engines(self) -> tuple[EngineFactory, Path | None]:
+        """``(engine factory, model directory)``; None = ``config.resolved_model_dir()``."""
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        make_engine, model_dir = await self.engines()
+        self._process = WorkerProcess(
+            self.config, self._nc, make_engine, model_dir=model_dir, metrics=self.metrics
+        )
+        await self._process.start()
+
+    async def stop(self) -> None:
+        if self._process is not None:
+            await self._process.stop()

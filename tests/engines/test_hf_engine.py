@@ -215,7 +215,7 @@ async def test_two_requests_are_batched(engine: HfEngine) -> None:
 
 async def test_refuses_what_it_cannot_run(engine: HfEngine) -> None:
     with pytest.raises(EngineError, match="context length"):
-        engine.add(request("r1", SamplingParams(max_tokens=2048)))
+        engine.add(request("r1", SamplingParams(max_tokens=5000)))
     with pytest.raises(EngineError, match="unsupported"):
         engine.add(request("r2", SamplingParams(n=2)))
     with pytest.raises(EngineError, match="unsupported"):
