@@ -51,7 +51,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import msgspec
 import uvicorn
@@ -71,6 +71,7 @@ __all__ = [
     "FakeSamplingParams",
     "FakeStack",
     "FakeVllmServer",
+    "KvPublisher",
     "fake_inprocess_engine",
     "fake_inprocess_stack",
     "fake_remote_engine",
@@ -330,6 +331,31 @@ def encode_batch(
     return msgspec.msgpack.encode(batch)
 
 
+class KvPublisher(Protocol):
+    """What ``FakeAsyncLLM``, the engine builders and ``until_subscribed`` use of a publisher:
+    ``FakeKvPublisher`` here, vLLM's own ``ZmqEventPublisher`` behind
+    ``tests/vllm_real/real_publisher.py``'s ``RealKvPublisher`` in ``make test-vllm``."""
+
+    @property
+    def endpoint(self) -> str: ...
+
+    @property
+    def replay_endpoint(self) -> str | None: ...
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def layout(self) -> Literal["array", "map"]: ...
+
+    def publish(self, events: Iterable[FakeEvent]) -> None: ...
+
+    def publish_empty(self) -> None:
+        """A batch without events (``until_subscribed``'s probe)."""
+
+    def shutdown(self) -> None: ...
+
+
 class FakeKvPublisher:
     """``ZmqEventPublisher`` on loopback TCP ports the OS picks (see the module docstring)."""
 
@@ -384,6 +410,10 @@ class FakeKvPublisher:
     def publish_raw(self, payload: bytes) -> None:
         """A payload as is (a malformed batch, for tests)."""
         self._queue.put((payload, False))
+
+    def publish_empty(self) -> None:
+        """A batch without events."""
+        self.publish_raw(encode_batch([], self.layout))
 
     def flush(self, timeout_s: float = 2.0) -> None:
         """Wait until every queued batch went out."""
@@ -464,7 +494,7 @@ class FakeAsyncLLM:
     eos_after: int | None = None
     """Emit EOS as this (1-based) token of each choice (None: never)."""
     step_s: float = 0.0
-    publisher: FakeKvPublisher | None = None
+    publisher: KvPublisher | None = None
     hash_kind: Literal["int", "bytes"] = "int"
     extra_keys: bool = True
     """Send the cache salt in the first block's ``extra_keys`` (vLLM 0.11+)."""
@@ -558,7 +588,8 @@ class FakeAsyncLLM:
         data_parallel_rank: int | None = None,
     ) -> AsyncGenerator[FakeRequestOutput, None]:
         params = sampling_params
-        if params.output_kind != "DELTA":
+        # A string here, a ``RequestOutputKind`` member from a real ``vllm.SamplingParams``.
+        if getattr(params.output_kind, "name", params.output_kind) != "DELTA":
             raise AssertionError("the worker asks for RequestOutputKind.DELTA")
         if params.detokenize:
             raise AssertionError("the worker detokenizes itself")
@@ -989,7 +1020,7 @@ async def _event(send: Any, data: str) -> None:
 
 
 async def until_subscribed(
-    engine: VllmEngine | RemoteVllmEngine, publisher: FakeKvPublisher | None, timeout_s: float = 5.0
+    engine: VllmEngine | RemoteVllmEngine, publisher: KvPublisher | None, timeout_s: float = 5.0
 ) -> None:
     """Publish empty batches until the engine's SUB socket receives one (ZMQ's slow joiner:
     a subscription takes a moment to reach the publisher)."""
@@ -1000,7 +1031,7 @@ async def until_subscribed(
     while subscriber.received == 0:
         if time.monotonic() > deadline:
             raise TimeoutError("the KV event subscriber never received a batch")
-        publisher.publish_raw(encode_batch([], publisher.layout))
+        publisher.publish_empty()
         await asyncio.sleep(0.02)
 
 
