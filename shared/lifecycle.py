@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Protocol, TypeVar
@@ -94,11 +95,21 @@ async def run_service(
 
 
 def service_main(
-    config_type: type[C], build: Callable[[C, Client], Service], argv: list[str] | None = None
+    config_type: type[C],
+    build: Callable[[C, Client], Service],
+    argv: list[str] | None = None,
+    *,
+    preflight: Callable[[C], str | None] | None = None,
 ) -> None:
-    """Parse the command line, set up logging, and serve until a signal (on uvloop)."""
+    """Parse the command line, set up logging, and serve until a signal (on uvloop).
+
+    ``preflight``: what makes this configuration unable to run here (a missing package, say),
+    as one line for the user; the process then exits (status 1) before connecting."""
     config = config_type.from_cli(argv)
     name = config.SERVICE
+    problem = preflight(config) if preflight is not None else None
+    if problem:
+        sys.exit(f"python -m services.{name}: {problem}")
     configure_logging(service=name, level=config.log_level, fmt=config.log_format)
     run(lambda: run_service(config, name, lambda nc: build(config, nc), settle=True))
 
