@@ -79,6 +79,17 @@ class ContextLengthExceeded(InvalidRequest):
         self.requested = requested
 
 
+class Unauthenticated(ServiceError):
+    """No API key, or not one of the gateway's (``--api-key``)."""
+
+    code = "invalid_api_key"
+    status = 401
+    type = "invalid_request_error"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
+
+
 class ModelNotFound(ServiceError):
     code = "model_not_found"
     status = 404

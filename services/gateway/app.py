@@ -24,6 +24,7 @@ from litestar.types import ASGIApp, HTTPScope, Receive, Scope, Send
 
 from services.gateway import embeddings, media, responses
 from services.gateway.admission import Admission
+from services.gateway.auth import ApiKeys
 from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
 from services.gateway.context import RequestContext, request_context, send_with_id
@@ -35,7 +36,7 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import openapi_config
 from services.gateway.relay import PATHS, Readiness, Relay
 from services.gateway.routes import build_routes
-from shared.errors import ServiceError
+from shared.errors import ServiceError, Unauthenticated
 
 log = structlog.get_logger(__name__)
 
@@ -110,7 +111,8 @@ def create_app(
         logging_config=None,
         debug=False,
     )
-    return Gateway(app, Relay(config, bus, readiness), metrics, grpc, admission)
+    keys = ApiKeys(config.api_keys(), protect_metrics=config.protect_metrics)
+    return Gateway(app, Relay(config, bus, readiness), metrics, grpc, admission, keys)
 
 
 ADMITTED_ROUTES = frozenset({embeddings.PATH, media.IMAGES_PATH, media.VIDEOS_PATH})
@@ -118,10 +120,11 @@ ADMITTED_ROUTES = frozenset({embeddings.PATH, media.IMAGES_PATH, media.VIDEOS_PA
 
 
 class Gateway:
-    """ASGI: a request context per HTTP request; inference → ``Relay``, and the inference
-    routes Litestar serves (``ADMITTED_ROUTES``), within ``admission``; the rest → Litestar."""
+    """ASGI: a request context per HTTP request; with API keys, a 401 for a protected path
+    without a valid one (``auth.ApiKeys``); inference → ``Relay``, and the inference routes
+    Litestar serves (``ADMITTED_ROUTES``), within ``admission``; the rest → Litestar."""
 
-    __slots__ = ("_admission", "_app", "_metrics", "_relay", "grpc")
+    __slots__ = ("_admission", "_app", "_keys", "_metrics", "_relay", "grpc")
 
     def __init__(
         self,
@@ -130,8 +133,10 @@ class Gateway:
         metrics: GatewayMetrics,
         grpc: GrpcServer | None = None,
         admission: Admission | None = None,
+        keys: ApiKeys | None = None,
     ) -> None:
         self._app = app
+        self._keys = keys or ApiKeys(())
         self._relay = relay
         self._metrics = metrics
         self._admission = admission or Admission()
@@ -141,7 +146,9 @@ class Gateway:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == ScopeType.HTTP:
             with request_context(scope, self._metrics) as ctx:
-                if scope["path"] in PATHS:
+                if self._keys.protects(scope["path"]) and not self._keys.allows(scope["headers"]):
+                    await self._refuse_key(ctx, send)
+                elif scope["path"] in PATHS:
                     await self._infer(ctx, scope, receive, send)
                 elif scope["path"] in ADMITTED_ROUTES and scope["method"] == "POST":
                     await self._admitted(
@@ -151,6 +158,17 @@ class Gateway:
                     await self._app(scope, receive, send_with_id(ctx, send))
             return
         await self._app(scope, receive, send)  # lifespan
+
+    async def _refuse_key(self, ctx: RequestContext, send: Send) -> None:
+        """401 in the API's own error shape (Anthropic's ``authentication_error`` on
+        ``/v1/messages``), the body unread."""
+        endpoint = ENDPOINTS.get(ctx.path)
+        dialect = endpoint.dialect if endpoint is not None else responses.OPENAI
+        error = Unauthenticated(
+            "Missing or invalid API key: send it as 'Authorization: Bearer <key>' "
+            "(or 'x-api-key: <key>')."
+        )
+        await responses.send_refusal(ctx, send, error, dialect)
 
     async def _infer(
         self, ctx: RequestContext, scope: HTTPScope, receive: Receive, send: Send

@@ -8,6 +8,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.gateway.auth import read_keys
 from shared.config import CommonConfig, computed_setting, setting
 from shared.registry import DEFAULT_WORKER_TTL_S
 from shared.subjects import check_token
@@ -122,9 +123,30 @@ class GatewayConfig(CommonConfig):
         also_env=("JETSERVE_TLS_KEY_PATH",),
     )
 
+    api_key: str = setting(
+        "",
+        "API keys clients must send on /v1 and gRPC inference (Authorization: Bearer, or "
+        "x-api-key), comma-separated; empty = no authentication. Prefer the env var or "
+        "--api-key-file: a flag shows in the process list",
+    )
+    api_key_file: Path | None = setting(
+        None, "A file of API keys, one per line (# comments), added to --api-key"
+    )
+    protect_metrics: bool = setting(
+        False, "With API keys, /metrics needs one too (probes stay open)"
+    )
+
     def __post_init__(self) -> None:
         CommonConfig.__post_init__(self)
         check_token(self.gateway_id, "--gateway-id / JETSERVE_GATEWAY_ID")
+        if self.api_key_file is not None and not self.api_key_file.is_file():
+            raise ValueError(f"--api-key-file {self.api_key_file}: no such file")
+        if self.protect_metrics and not self.api_keys():
+            raise ValueError("--protect-metrics needs API keys (--api-key or --api-key-file)")
+
+    def api_keys(self) -> tuple[str, ...]:
+        """Every configured API key (none: authentication is off)."""
+        return read_keys(self.api_key, self.api_key_file)
         check_tls_pair(self.tls_cert_path, self.tls_key_path)
 
     @property

@@ -24,10 +24,12 @@ BY_CODE: dict[str, grpc.StatusCode] = {
     "duplicate_request_id": grpc.StatusCode.ALREADY_EXISTS,
     "client_disconnected": grpc.StatusCode.CANCELLED,
     "internal_error": grpc.StatusCode.INTERNAL,
+    "invalid_api_key": grpc.StatusCode.UNAUTHENTICATED,
 }
 """Known error codes (``shared.errors``, ``services.gateway.errors``)."""
 BY_STATUS: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
     404: grpc.StatusCode.NOT_FOUND,
     409: grpc.StatusCode.ALREADY_EXISTS,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,

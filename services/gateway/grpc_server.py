@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import (  # type: ignore[import-untyped]
 )
 
 from services.gateway.admission import Admission
+from services.gateway.auth import ApiKeys
 from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
 from services.gateway.grpc_infer import Inference
@@ -79,7 +80,14 @@ class GrpcServer:
     async def start(self) -> None:
         """Bind and serve; the health status follows the model registry from here on."""
         size = self._config.grpc_max_message_size
-        server = Server(http2_settings(self._config), CallLimits(max_receive=size, max_send=size))
+        keys = ApiKeys(self._config.api_keys())
+        server = Server(
+            http2_settings(self._config),
+            CallLimits(max_receive=size, max_send=size),
+            authorize=(lambda rpc, meta: not keys.protects_rpc(rpc) or keys.allows(meta))
+            if keys
+            else None,
+        )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

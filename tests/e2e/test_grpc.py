@@ -34,7 +34,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (  # ty
 )
 
 from services.cli.stack import Stack
-from tests.e2e.conftest import MODEL, TENSOR_MODEL
+from tests.e2e.conftest import MODEL, TENSOR_MODEL, running_stack
 
 if __name__ == "__main__":  # the client process only (see the module docstring)
     import tritonclient.grpc as grpcclient
@@ -626,6 +626,61 @@ def test_reflection_lists_the_services_and_describes_the_inference_rpcs(
         "grpc.reflection.v1alpha.ServerReflection",
     }
     assert methods == RPCS
+
+
+# --- API keys (issue 12) ------------------------------------------------------------------------
+
+GRPC_KEY = "grpc-key"
+
+
+@pytest.fixture(scope="module")
+def keyed_grpc_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
+    """A stack whose gateway wants ``GRPC_KEY`` (``--api-key``)."""
+    gateway = ["--api-key", GRPC_KEY]
+    with running_stack(
+        tmp_path_factory.mktemp("keyed-grpc"),
+        model_dir,
+        workers=1,
+        service_args={"gateway": gateway},
+    ) as stack:
+        yield stack
+
+
+@client_check
+def refused_without_the_key(target: Target) -> None:
+    with _client(target) as client:
+        assert client.is_server_live()  # KServe's probes stay open, like /health
+        assert client.is_server_ready()
+        statuses = {
+            _status_of(lambda: client.infer(MODEL, _prompt("Hi"))),
+            _status_of(lambda: client.infer(MODEL, _prompt("Hi"), headers={"authorization": "x"})),
+            _status_of(
+                lambda: client.infer(
+                    MODEL, _prompt("Hi"), headers={"authorization": "Bearer wrong"}
+                )
+            ),
+            _status_of(lambda: client.get_model_metadata(MODEL)),
+        }
+    assert statuses == {"StatusCode.UNAUTHENTICATED"}, statuses
+
+
+@client_check
+def served_with_the_key(target: Target) -> None:
+    headers = {"authorization": f"Bearer {GRPC_KEY}"}
+    with _client(target) as client:
+        result = client.infer(MODEL, _prompt("Hi"), headers=headers)
+        assert _text_of(result, "text_output")
+        assert client.get_model_metadata(MODEL, headers=headers).name == MODEL
+
+
+def test_grpc_refuses_a_call_without_the_key(
+    triton: ClientProcess, keyed_grpc_stack: Stack
+) -> None:
+    triton.run(refused_without_the_key, keyed_grpc_stack)
+
+
+def test_grpc_serves_a_call_with_the_key(triton: ClientProcess, keyed_grpc_stack: Stack) -> None:
+    triton.run(served_with_the_key, keyed_grpc_stack)
 
 
 if __name__ == "__main__":

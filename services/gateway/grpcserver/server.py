@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import grpc
@@ -41,9 +41,18 @@ class _CallDetails(NamedTuple):
 class Server:
     """gRPC over HTTP/2 (cleartext, prior knowledge), served on the current event loop."""
 
-    def __init__(self, http2: Http2Settings, limits: CallLimits) -> None:
+    def __init__(
+        self,
+        http2: Http2Settings,
+        limits: CallLimits,
+        *,
+        authorize: Callable[[str, list[tuple[bytes, bytes]]], bool] | None = None,
+    ) -> None:
+        """``authorize(method, metadata)``: False refuses the call UNAUTHENTICATED before its
+        method runs (API keys)."""
         self._http2 = http2
         self._limits = limits
+        self._authorize = authorize
         self._methods: dict[str, Handler] = {}
         self._generic: list[Any] = []
         self._server: asyncio.Server | None = None
@@ -110,6 +119,13 @@ class Server:
         handler = self._lookup(rpc)
         if handler is None:
             _refuse(stream, grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+            return None
+        if self._authorize is not None and not self._authorize(rpc, metadata):
+            _refuse(
+                stream,
+                grpc.StatusCode.UNAUTHENTICATED,
+                "Missing or invalid API key: send metadata 'authorization: Bearer <key>'.",
+            )
             return None
         coding = "identity" if encoding is None else encoding.decode("latin-1")
         if coding not in SUPPORTED_ENCODINGS:
