@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
 
+from shared.nats_auth import NatsAuth
 from shared.subjects import check_token
 
 T = TypeVar("T")
@@ -490,6 +491,21 @@ class CommonConfig:
         le=5,
         common=True,
     )
+    nats_creds: Path | None = setting(
+        None,
+        "NATS .creds file (a user JWT and its NKey seed); user:password or a token go in the URL",
+        common=True,
+    )
+    nats_nkey_seed: Path | None = setting(None, "NATS NKey seed file", common=True)
+    nats_tls_ca: Path | None = setting(
+        None,
+        "CA certificate (PEM) that signed the NATS server's; unset = the system's",
+        common=True,
+    )
+    nats_tls_cert: Path | None = setting(
+        None, "Client certificate (PEM) for a NATS server that verifies clients", common=True
+    )
+    nats_tls_key: Path | None = setting(None, "The key (PEM) of --nats-tls-cert", common=True)
     metrics_port: int = setting(0, "Port for Prometheus /metrics (0 = off)", ge=0, le=65535)
     shutdown_grace_s: float = setting(
         10.0, "On SIGTERM, how long in-flight work may take before it is cancelled", ge=0
@@ -498,7 +514,19 @@ class CommonConfig:
     def __post_init__(self) -> None:
         settings = type(self).settings()
         check_token(self.namespace, f"--namespace / {settings['namespace'].env}")
+        if problems := self.nats_auth().problems():
+            raise SettingError("; ".join(problems))
         settings.check(self)
+
+    def nats_auth(self) -> NatsAuth:
+        """The NATS credential and TLS files of this config."""
+        return NatsAuth(
+            creds=self.nats_creds,
+            nkey_seed=self.nats_nkey_seed,
+            tls_ca=self.nats_tls_ca,
+            tls_cert=self.nats_tls_cert,
+            tls_key=self.nats_tls_key,
+        )
 
     @classmethod
     def settings(cls) -> Settings:

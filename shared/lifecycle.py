@@ -57,7 +57,12 @@ async def serving(
             await _bus_back(service)
 
     async with AsyncExitStack() as stack:
-        nc = await connect(config.nats_url, name=f"jetserve-{name}", on_back=on_back)
+        nc = await connect(
+            config.nats_url,
+            name=f"jetserve-{name}",
+            on_back=on_back,
+            **config.nats_auth().connect_options(),
+        )
         stack.push_async_callback(_drain, nc)
         service = build(nc)
         built.append(service)

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import BinaryIO, cast
 
@@ -25,11 +25,21 @@ from nats.js.api import ConsumerConfig, DeliverPolicy, StreamInfo, StreamsListIt
 
 from services.cli import tapformat
 from shared.config import DEFAULT_NATS_URL, CommonConfig, Settings
+from shared.nats_auth import NatsAuth
 from shared.subjects import VERSION, check_token
 
 CONNECT_TIMEOUT_S = 5.0
 RECONNECT_ATTEMPTS = 10
 """Tries, 0.5 s apart, before tap gives up on an unreachable or lost server."""
+
+
+NATS_AUTH_SETTINGS = (
+    "nats_creds",
+    "nats_nkey_seed",
+    "nats_tls_ca",
+    "nats_tls_cert",
+    "nats_tls_key",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +48,7 @@ class TapOptions:
 
     subjects: tuple[str, ...]
     nats_url: str = DEFAULT_NATS_URL
+    auth: NatsAuth = field(default_factory=NatsAuth)
     raw: bool = False
     count: int = 0
     """Stop after this many messages (0 = never)."""
@@ -86,8 +97,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def connection_settings() -> Settings:
-    """``--nats-url`` and ``--namespace``, read as every service reads them."""
-    return CommonConfig.settings().select("nats_url", "namespace")
+    """``--nats-url``, ``--namespace`` and the ``--nats-*`` credential and TLS files, read as
+    every service reads them."""
+    return CommonConfig.settings().select("nats_url", "namespace", *NATS_AUTH_SETTINGS)
 
 
 def options_from(args: argparse.Namespace) -> TapOptions:
@@ -105,9 +117,14 @@ def options_from(args: argparse.Namespace) -> TapOptions:
     since = None
     if args.since:
         since = datetime.now(UTC) - tapformat.parse_duration(args.since)
+    files = {name: connection[name] for name in NATS_AUTH_SETTINGS}
+    auth = NatsAuth(**{name.removeprefix("nats_"): value for name, value in files.items()})
+    if problems := auth.problems():
+        raise ValueError("; ".join(problems))
     return TapOptions(
         subjects=tuple(subjects),
         nats_url=str(connection["nats_url"]),
+        auth=auth,
         raw=args.raw,
         count=args.count,
         timeout_s=args.timeout,
@@ -162,7 +179,7 @@ async def tap(options: TapOptions, out: BinaryIO) -> int:
     """Subscribe, print until ``--count``, ``--timeout`` or a signal; returns the exit status."""
     closed = asyncio.Event()
     try:
-        nc = await _connect(options.nats_url, closed)
+        nc = await _connect(options.nats_url, closed, options.auth)
     except (nats.errors.Error, OSError, TimeoutError) as exc:
         print(f"jetserve tap: cannot connect to {options.nats_url}: {exc}", file=sys.stderr)
         return 1
@@ -187,7 +204,7 @@ class _TapError(Exception):
     """A problem to report to the user in one line."""
 
 
-async def _connect(url: str, closed: asyncio.Event) -> Client:
+async def _connect(url: str, closed: asyncio.Event, auth: NatsAuth) -> Client:
     """Connect with a few retries; errors are one stderr line each, ``closed`` set on give-up."""
     last = ""
 
@@ -208,6 +225,7 @@ async def _connect(url: str, closed: asyncio.Event) -> Client:
         reconnect_time_wait=0.5,
         error_cb=on_error,
         closed_cb=on_closed,
+        **auth.connect_options(),
     )
 
 

@@ -235,6 +235,7 @@ class GatewayBus:
             name=f"gateway-{config.gateway_id}",
             on_lost=self._on_bus_lost,
             on_back=self._on_bus_back,
+            **config.nats_auth().connect_options(),
         )
         self._nc = nc
         self._bus_up.set()

@@ -200,6 +200,11 @@ def test_env_var_names_are_unique_per_service_and_carry_the_prefix() -> None:
         "JETSERVE_LOG_LEVEL",
         "JETSERVE_LOG_FORMAT",
         "JETSERVE_JS_REPLICAS",
+        "JETSERVE_NATS_CREDS",
+        "JETSERVE_NATS_NKEY_SEED",
+        "JETSERVE_NATS_TLS_CA",
+        "JETSERVE_NATS_TLS_CERT",
+        "JETSERVE_NATS_TLS_KEY",
     }
     for service, cls in service_configs().items():
         names = cls.settings().env_vars()
