@@ -139,6 +139,7 @@ class GatewayConfig(CommonConfig):
     def __post_init__(self) -> None:
         CommonConfig.__post_init__(self)
         check_token(self.gateway_id, "--gateway-id / JETSERVE_GATEWAY_ID")
+        check_tls_pair(self.tls_cert_path, self.tls_key_path)
         if self.api_key_file is not None and not self.api_key_file.is_file():
             raise ValueError(f"--api-key-file {self.api_key_file}: no such file")
         if self.protect_metrics and not self.api_keys():
@@ -147,7 +148,6 @@ class GatewayConfig(CommonConfig):
     def api_keys(self) -> tuple[str, ...]:
         """Every configured API key (none: authentication is off)."""
         return read_keys(self.api_key, self.api_key_file)
-        check_tls_pair(self.tls_cert_path, self.tls_key_path)
 
     @property
     def tls(self) -> bool:
