@@ -36,7 +36,6 @@ import structlog
 from services.hf_worker.model import LoadedModel, cb_sizes, load_model
 from services.hf_worker.outputs import OutputView, RequestCursor, blocks_in_use, view
 from services.hf_worker.sampling import PROCESSOR_DEFAULTS, cb_request
-from shared.model_dir import eos_token_ids
 from shared.worker.records import Emission, EngineError, EngineFacts, EngineInput
 from shared.worker.streaming import StreamingEngine
 
@@ -115,7 +114,6 @@ class HfEngine(StreamingEngine):
             kv_blocks=kv_blocks,
             max_num_seqs=opts.max_num_seqs,
             context_length=context,
-            eos_token_ids=eos_token_ids(opts.model_dir),
             kv_events=False,
         )
         log.info(

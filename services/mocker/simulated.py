@@ -48,7 +48,6 @@ class SimulatedEngine:
             kv_blocks=self._config.num_gpu_blocks_override,
             max_num_seqs=self._config.max_num_seqs,
             context_length=self._model.context_length,
-            eos_token_ids=self._model.eos_token_ids,
         )
 
     async def stop(self) -> None:

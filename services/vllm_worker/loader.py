@@ -116,20 +116,12 @@ async def load_vllm(config: VllmWorkerConfig, worker_id: str) -> VllmHandle:
     block_size = int(vllm_config.cache_config.block_size)
     if block_size != config.block_size:
         log.warning("vllm_block_size_changed", asked=config.block_size, actual=block_size)
-    eos: tuple[int, ...] = ()
-    try:
-        tokenizer = await engine.get_tokenizer()
-        if tokenizer is not None and tokenizer.eos_token_id is not None:
-            eos = (int(tokenizer.eos_token_id),)
-    except Exception:  # noqa: BLE001 - no tokenizer (skip_tokenizer_init): EOS from the files
-        log.info("vllm_tokenizer_unavailable")
     facts = EngineFacts(
         kind="vllm",
         block_size=block_size,
         kv_blocks=int(vllm_config.cache_config.num_gpu_blocks or 0),
         max_num_seqs=int(vllm_config.scheduler_config.max_num_seqs),
         context_length=int(vllm_config.model_config.max_model_len),
-        eos_token_ids=eos,
     )
 
     async def shutdown() -> None:

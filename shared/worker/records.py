@@ -33,7 +33,6 @@ class EngineFacts:
     kv_blocks: int
     max_num_seqs: int
     context_length: int
-    eos_token_ids: tuple[int, ...] = ()
     kv_events: bool = True
     """False: the engine publishes no KV events (routers should use approximate mode)."""
 

@@ -184,7 +184,7 @@ class WorkerRuntime:
             )
             for emission in cancelled:
                 self._outbox.add(emission)
-            await self._phases(cancelled)
+            await self.phases(cancelled)
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -288,7 +288,7 @@ class WorkerRuntime:
         self._outbox.add(emission)
         log.debug("request_cancelled", reason=cancel.reason)
         await self._flush([cancel.request_id])
-        await self._phases([emission])
+        await self.phases([emission])
         if not self.engine.has_work:
             self._idle.set()
             await self.publisher.report_load(is_idle=True)
@@ -317,9 +317,6 @@ class WorkerRuntime:
     async def flush(self, request_ids: Sequence[str] | None = None) -> None:
         await self._flush(self._outbox.dirty() if request_ids is None else request_ids)
 
-    async def phases(self, emissions: Sequence[Emission]) -> None:
-        await self._phases(emissions)
-
     async def fail(self, request_id: str, error: ServiceError) -> None:
         """End a request typed on its stream: what it emitted goes first, then the error."""
         await self._flush([request_id])
@@ -337,7 +334,7 @@ class WorkerRuntime:
         self.publisher.collect_kv_events()
         await self.publisher.report_load()
 
-    async def _phases(self, emissions: Sequence[Emission]) -> None:
+    async def phases(self, emissions: Sequence[Emission]) -> None:
         """``prefill_done`` with a request's first token, ``finished`` with its last batch (of
         its last choice)."""
         for e in emissions:
@@ -431,7 +428,7 @@ class WorkerRuntime:
             self._outbox.close(request_id)
         log.warning("formatter_gone", formatter_id=grace.formatter_id, stopped=bool(emission))
         if emission is not None:
-            await self._phases([emission])
+            await self.phases([emission])
         if grace.gateway is not None:
             failure = FormatterLost("the formatter of this request stopped")
             await self._nc.publish(grace.gateway, codec.encode(failure.to_message(request_id)))
@@ -448,4 +445,4 @@ class WorkerRuntime:
             if taken is not None:
                 message = failed.to_message(emission.request_id)
                 await self._nc.publish(taken[0], codec.encode(message))
-        await self._phases(emissions)
+        await self.phases(emissions)

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
@@ -46,7 +46,6 @@ class _Running:
     task: asyncio.Task[None] | None = None
     cancelled: bool = False
     done: bool = False
-    choices_done: set[int] = field(default_factory=set)
 
 
 class StreamingEngine(ABC):

