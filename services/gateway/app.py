@@ -61,7 +61,8 @@ def create_app(
     admission = admission or Admission(config.max_concurrent_requests)
     metrics.track_admission(admission)
     # One limit for both protocols.
-    grpc = GrpcServer(config, bus, readiness, metrics, admission) if serve_grpc else None
+    keys = ApiKeys(config.api_keys(), protect_metrics=config.protect_metrics)
+    grpc = GrpcServer(config, bus, readiness, metrics, admission, keys) if serve_grpc else None
 
     @asynccontextmanager
     async def bus_lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -111,7 +112,6 @@ def create_app(
         logging_config=None,
         debug=False,
     )
-    keys = ApiKeys(config.api_keys(), protect_metrics=config.protect_metrics)
     return Gateway(app, Relay(config, bus, readiness), metrics, grpc, admission, keys)
 
 

@@ -63,6 +63,10 @@ class ApiKeys:
             and method not in GRPC_PROBES
         )
 
+    def allows_call(self, method: str, metadata: Iterable[tuple[bytes, bytes]]) -> bool:
+        """Whether a gRPC call of ``method`` may run: it needs no key, or carries one."""
+        return not self.protects_rpc(method) or self.allows(metadata)
+
     def allows(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
         """Whether ``headers`` (lower-case names, ASGI or HTTP/2 style) carry a valid key."""
         for name, value in headers:

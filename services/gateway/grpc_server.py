@@ -62,8 +62,10 @@ class GrpcServer:
         readiness: Readiness,
         metrics: GatewayMetrics,
         admission: Admission | None = None,
+        keys: ApiKeys | None = None,
     ) -> None:
         self._config = config
+        self._keys = keys or ApiKeys(())
         self.servicer = InferenceServicer(
             Inference(config, bus, readiness), bus, readiness, metrics, admission
         )
@@ -80,13 +82,10 @@ class GrpcServer:
     async def start(self) -> None:
         """Bind and serve; the health status follows the model registry from here on."""
         size = self._config.grpc_max_message_size
-        keys = ApiKeys(self._config.api_keys())
         server = Server(
             http2_settings(self._config),
             CallLimits(max_receive=size, max_send=size),
-            authorize=(lambda rpc, meta: not keys.protects_rpc(rpc) or keys.allows(meta))
-            if keys
-            else None,
+            authorize=self._keys.allows_call if self._keys else None,
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, server)
         self._health = health.aio.HealthServicer()

@@ -70,10 +70,6 @@ class WorkerProcess:
         self._model_dir = model_dir
         self.workers: list[WorkerRuntime] = []
 
-    @property
-    def service_metrics(self) -> ServiceMetrics:
-        return self.metrics.service
-
     async def start(self) -> None:
         """Ensure the KV stream, start every worker's engine, publish the model's files and
         card, then start and register every worker."""

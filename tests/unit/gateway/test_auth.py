@@ -93,3 +93,10 @@ def test_keys_come_from_the_flag_then_the_file(tmp_path: Path) -> None:
     path.write_text("# ops team\nbeta\n\n  gamma  \nalpha\n")
     assert read_keys(" alpha, ,beta", path) == ("alpha", "beta", "gamma")
     assert read_keys("", None) == ()
+
+
+def test_a_grpc_call_runs_when_it_needs_no_key_or_carries_one() -> None:
+    infer = "/inference.GRPCInferenceService/ModelInfer"
+    assert KEYS.allows_call("/inference.GRPCInferenceService/ServerLive", [])
+    assert KEYS.allows_call(infer, [(b"authorization", b"Bearer beta")])
+    assert not KEYS.allows_call(infer, [(b"authorization", b"Bearer nope")])
