@@ -1,8 +1,9 @@
 """One lifecycle for every bus service: connect, build, start, serve until a signal, stop, drain.
 
 ``serving`` is an ``AsyncExitStack``: whatever was set up is undone in reverse order, also when
-start-up fails half way. A service that defines ``async def on_bus_back(self)`` has it awaited
-each time its NATS connection comes back. ``run_service`` serves until SIGINT/SIGTERM (or ``stop``);
+start-up fails half way. Once started it tells a supervisor so (``shared.notify``). A service
+that defines ``async def on_bus_back(self)`` has it awaited each time its NATS connection comes
+back. ``run_service`` serves until SIGINT/SIGTERM (or ``stop``);
 ``service_main`` is a service's whole ``python -m services.<name>`` entry point.
 """
 
@@ -21,9 +22,11 @@ import structlog
 from nats.aio.client import Client
 
 from shared.bus import connect, run, stopped_by_signals
+from shared.bus_permissions import inbox_prefix
 from shared.config import CommonConfig
 from shared.logging import configure_logging
 from shared.metrics import ServiceMetrics, serve_metrics
+from shared.notify import notify_ready
 
 log = structlog.get_logger(__name__)
 
@@ -61,6 +64,7 @@ async def serving(
             config.nats_url,
             name=f"jetserve-{name}",
             on_back=on_back,
+            inbox_prefix=inbox_prefix(name),
             **config.nats_auth().connect_options(),
         )
         stack.push_async_callback(_drain, nc)
@@ -72,6 +76,7 @@ async def serving(
         if settle:
             settle_heap()
         log.info("service_started", namespace=config.namespace)
+        notify_ready()
         yield service
 
 

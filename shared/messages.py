@@ -671,6 +671,12 @@ class TokenCount(Message, frozen=True):
 # --- media generation (issue 10: /v1/images/generations, /v1/videos/generations) ---------------
 
 MediaKind = Literal["image", "video"]
+MEDIA_KINDS: tuple[MediaKind, ...] = ("image", "video")
+
+
+def media_worker_id(worker_id: str, kind: MediaKind) -> str:
+    """The worker id a media worker registers a kind's model under (``<id>-image``)."""
+    return f"{worker_id}-{kind}"
 
 
 class MediaGenerate(Message, frozen=True):

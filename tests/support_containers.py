@@ -14,6 +14,9 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
+
+import pytest
 
 from tests.support import free_port, in_ci, wait_for_port
 
@@ -123,3 +126,35 @@ def start_nats_container(
             yield f"nats://{host}:{mapped}"
     finally:
         container.stop()
+
+
+def compose_or_skip() -> list[str]:
+    """The compose command; else the test is skipped, saying why (no engine, no compose)."""
+    if reason := docker_unavailable_reason():
+        pytest.skip(reason)
+    compose = compose_command()
+    if compose is None:
+        pytest.skip("neither `docker compose` nor `docker-compose` is installed")
+    return compose
+
+
+class ComposeProject(Protocol):
+    http_port: int
+    env: dict[str, str]
+
+    def run(self, *args: str, timeout_s: float = 300) -> str: ...
+
+
+def up_on_free_ports(stack: ComposeProject, *args: str, attempts: int = 3) -> None:
+    """``up -d --no-build ARGS`` with the gateway on free host ports (``http_port`` is set).
+    Ports are only free until someone takes them: on a clash, other ones."""
+    for attempt in range(attempts):
+        stack.http_port = free_port()
+        stack.env["JETSERVE_HTTP_PORT"] = str(stack.http_port)
+        stack.env["JETSERVE_GRPC_PORT"] = str(free_port())
+        try:
+            stack.run("up", "-d", "--no-build", *args)
+            return
+        except RuntimeError as exc:
+            if attempt == attempts - 1 or "address already in use" not in str(exc):
+                raise

@@ -1,5 +1,5 @@
 """``jetserve`` command line: ``up`` runs NATS, every service and mocker workers; ``tap`` prints
-bus messages as JSON lines."""
+bus messages as JSON lines; ``nats-config`` writes a least-privilege deployment's NATS users."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import signal
 import sys
 import threading
 
-from services.cli import tap
+from services.cli import nats_config, tap
 from services.cli.config import UpPlan, add_up_options, up_plan
 from services.cli.launcher import supervise
-from services.cli.stack import Stack, StackConfig, StackError
+from services.cli.secure import TAP_USER
+from services.cli.stack import UP_LINE, Stack, StackConfig, StackError
 from shared.model_dir import default_model_dir, ensure_default_model_dir
 
 UP_EPILOG = """\
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_up_options(up)
     tap.add_parser(sub)
+    nats_config.add_parser(sub)
     return parser
 
 
@@ -72,6 +74,7 @@ def _up(plan: UpPlan) -> int:
             log_to_terminal=up.log_to_terminal,
             run_dir=up.run_dir,
             service_args=plan.service_args,
+            secure=up.secure,
         )
     )
     stop = threading.Event()
@@ -89,12 +92,18 @@ def _up(plan: UpPlan) -> int:
     stages = {"preprocessor": up.preprocessors, "router": up.routers, "formatter": up.formatters}
     replicas = "".join(f", {n} {name}s" for name, n in stages.items() if n > 1)
     print(
-        f"JetServe is up: {stack.base_url}/v1 and gRPC (KServe v2) {stack.grpc_address}  "
+        f"{UP_LINE}{stack.base_url}/v1 and gRPC (KServe v2) {stack.grpc_address}  "
         f"(model {up.model_name}, {up.workers} {up.engine} workers{tensors}{replicas}, "
         f"NATS {stack.nats_url})"
     )
     removed = "" if up.keep_run_dir or not stack.owns_run_dir else " (removed on a clean exit)"
     print(f"logs and pids: {stack.run_dir}{removed}    stop: Ctrl-C")
+    if up.secure:
+        tap_seed = stack.seeds[TAP_USER]
+        print(
+            f"NATS admits only this stack's keys; read-only tap: "
+            f"jetserve tap --nats-url {stack.nats_url} --nats-nkey-seed {tap_seed} '>'"
+        )
     sys.stdout.flush()
     code, reason = supervise(stack, stop)
     print(f"stopping ({reason.splitlines()[0]})…", file=sys.stderr)
@@ -118,6 +127,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(_up(plan))
     if args.command == "tap":
         sys.exit(tap.run(args))
+    if args.command == "nats-config":
+        sys.exit(nats_config.run(args))
 
 
 if __name__ == "__main__":

@@ -54,6 +54,12 @@ class UpConfig:
         0, "Port of the private nats-server (0 = pick a free one)", ge=0, le=65535
     )
     nats_url: str = setting("", "Use this NATS server instead of starting one (empty = start one)")
+    secure: bool = setting(
+        False,
+        "Least privilege on the bus: the private nats-server admits only this stack's "
+        "processes, each with its own NKey and only its role's subjects (seeds in "
+        "<run dir>/nats-auth, tap.nk for jetserve tap)",
+    )
     workers: int = setting(2, "Worker processes (of the engine --engine names)", ge=1)
     engine: str = setting(
         "mocker",

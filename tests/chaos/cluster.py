@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from services.cli.stack import free_port, nats_server_binary
+from services.cli.stack import free_ports, nats_server_binary
 
 CONF = Path(__file__).resolve().parents[2] / "docker" / "nats-cluster.conf"
 READY_TIMEOUT_S = 30.0
@@ -56,9 +56,10 @@ class LocalCluster:
     nodes: list[Node] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        ports = iter(free_ports(3 * self.size))
         for i in range(1, self.size + 1):
             store = self.workdir / f"n{i}"
-            self.nodes.append(Node(f"n{i}", free_port(), free_port(), free_port(), store))
+            self.nodes.append(Node(f"n{i}", next(ports), next(ports), next(ports), store))
 
     @property
     def url(self) -> str:

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from services.cli.stack import free_port, port_accepts, port_is_free
-from shared.model_dir import DEFAULT_MODEL_NAME
+from services.cli.stack import UP_LINE, free_port, free_ports, port_accepts, port_is_free
 from tests.chaos.cluster import LocalCluster
 from tests.chaos.report import counter_increase, counter_samples, has_counter
 
@@ -66,9 +65,7 @@ class UpStack:
         self.run_dir = workdir / "run"
         self.shape = shape
         self.model_dir = model_dir
-        self.http_port = free_port()
-        self.grpc_port = free_port()
-        self.nats_port = free_port()
+        self.http_port, self.grpc_port, self.nats_port = free_ports(3)
         self.metrics_ports = _free_port_run(shape.formatters)
         self.namespace = f"chaos{uuid.uuid4().hex[:8]}"
         self.launcher: subprocess.Popen[bytes] | None = None
@@ -111,14 +108,12 @@ class UpStack:
         return {**os.environ, "JETSERVE_JS_REPLICAS": str(self.cluster.size)}
 
     def start(self, ready_timeout_s: float = 60.0) -> float:
-        """Start the launcher and wait until ``/health`` lists the chat model; the seconds that
-        took."""
+        """Start the launcher and wait until it says JetServe is up (every process started and
+        the gateway serves every model); the seconds that took."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        with (
-            (self.workdir / "launcher.out").open("wb") as out,
-            (self.workdir / "launcher.err").open("wb") as err,
-        ):
+        out_path = self.workdir / "launcher.out"
+        with out_path.open("wb") as out, (self.workdir / "launcher.err").open("wb") as err:
             self.launcher = subprocess.Popen(
                 self.command(), stdout=out, stderr=err, start_new_session=True, env=self.env()
             )
@@ -128,14 +123,11 @@ class UpStack:
                 raise RuntimeError(
                     f"jetserve up exited {self.launcher.returncode}\n{self.stderr()}"
                 )
-            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                health = httpx.get(f"{self.base_url}/health", timeout=1)
-                # 200 once any model is live: the embedder's may be before the chat model's.
-                if health.status_code == 200 and DEFAULT_MODEL_NAME in health.json()["models"]:
-                    self.up_s = round(time.monotonic() - started, 2)
-                    return self.up_s
+            if UP_LINE in out_path.read_text(errors="replace"):
+                self.up_s = round(time.monotonic() - started, 2)
+                return self.up_s
             time.sleep(0.1)
-        raise RuntimeError(f"/health not 200 after {ready_timeout_s:.0f}s\n{self.stderr()}")
+        raise RuntimeError(f"jetserve up not up after {ready_timeout_s:.0f}s\n{self.stderr()}")
 
     def pids(self) -> dict[str, int]:
         """Each child's pid by name, as the launcher last wrote it (re-read on every call)."""

@@ -30,8 +30,7 @@ import pytest
 from shared.model_dir import DEFAULT_MODEL_NAME
 from tests.chaos.load import LoadConfig, run_load
 from tests.chaos.report import summarize
-from tests.support import free_port
-from tests.support_containers import ROOT, compose_command, docker_unavailable_reason
+from tests.support_containers import ROOT, compose_or_skip, up_on_free_ports
 
 pytestmark = [
     pytest.mark.compose,
@@ -132,11 +131,7 @@ class ClusterStack:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ClusterStack]:
-    if reason := docker_unavailable_reason():
-        pytest.skip(reason)
-    compose = compose_command()
-    if compose is None:
-        pytest.skip("neither `docker compose` nor `docker-compose` is installed")
+    compose = compose_or_skip()
     project = f"jscluster{uuid.uuid4().hex[:8]}"
     env = {
         **os.environ,
@@ -148,17 +143,7 @@ def cluster() -> Iterator[ClusterStack]:
     }
     stack = ClusterStack(compose, project, env)
     try:
-        for attempt in range(3):
-            stack.http_port = free_port()
-            env["JETSERVE_HTTP_PORT"] = str(stack.http_port)
-            env["JETSERVE_GRPC_PORT"] = str(free_port())
-            try:
-                stack.run("up", "-d", "--no-build", "--scale", f"router={ROUTERS}",
-                          "--scale", f"mocker={MOCKERS}")  # fmt: skip
-                break
-            except RuntimeError as exc:
-                if attempt == 2 or "address already in use" not in str(exc):
-                    raise
+        up_on_free_ports(stack, "--scale", f"router={ROUTERS}", "--scale", f"mocker={MOCKERS}")
         stack.wait_healthy()
         yield stack
     finally:

@@ -22,8 +22,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.support import free_port
-from tests.support_containers import ROOT, compose_command, docker_unavailable_reason
+from tests.support_containers import ROOT, compose_or_skip, up_on_free_ports
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(900)]
 
@@ -42,9 +41,13 @@ class ComposeStack:
     http_port: int
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    overrides: list[Path] = field(default_factory=list)
+    """Compose files added after docker-compose.yml (``-f``)."""
 
     def run(self, *args: str, timeout_s: float = 300) -> str:
-        cmd = [*self.compose, "-p", self.project, "-f", str(ROOT / "docker-compose.yml"), *args]
+        files = [ROOT / "docker-compose.yml", *self.overrides]
+        cmd = [*self.compose, "-p", self.project, *(f for p in files for f in ("-f", str(p)))]
+        cmd += args
         done = subprocess.run(
             cmd, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout_s
         )
@@ -141,12 +144,8 @@ def served_by(stack: ComposeStack, service: str, request_ids: list[str]) -> Coun
 @pytest.fixture(scope="module")
 def stack(pytestconfig: pytest.Config) -> Iterator[ComposeStack]:
     t0 = time.monotonic()
-    if reason := docker_unavailable_reason():
-        pytest.skip(reason)
+    compose = compose_or_skip()
     images_s = time.monotonic() - t0
-    compose = compose_command()
-    if compose is None:
-        pytest.skip("neither `docker compose` nor `docker-compose` is installed")
     project = f"jstest{uuid.uuid4().hex[:8]}"
     env = {
         **os.environ,
@@ -166,17 +165,7 @@ def stack(pytestconfig: pytest.Config) -> Iterator[ComposeStack]:
     capture = pytestconfig.pluginmanager.getplugin("capturemanager")
     try:
         t1 = time.monotonic()
-        for attempt in range(3):
-            # Ports are only free until someone takes them: on a clash, pick others.
-            stack.http_port = free_port()
-            env["JETSERVE_HTTP_PORT"] = str(stack.http_port)
-            env["JETSERVE_GRPC_PORT"] = str(free_port())
-            try:
-                stack.run("up", "-d", "--no-build")
-                break
-            except RuntimeError as exc:
-                if attempt == 2 or "address already in use" not in str(exc):
-                    raise
+        up_on_free_ports(stack)
         stack.wait_gateway_ready()
         up_s = time.monotonic() - t1
         stack.wait_healthy()

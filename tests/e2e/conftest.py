@@ -15,7 +15,9 @@ import nats
 import openai
 import pytest
 
+from services.cli.secure import TAP_USER
 from services.cli.stack import Stack, StackConfig, StackError
+from shared.bus_permissions import inbox_prefix
 from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
 from shared.subjects import Subjects
 from tests.support import nats_server_binary
@@ -76,7 +78,10 @@ def running_stack(
 
 async def _wait_for_workers(stack: Stack, count: int, timeout_s: float) -> None:
     """Return once ``count`` worker cards are in the registry bucket."""
-    nc = await nats.connect(stack.nats_url)
+    # A --secure stack admits only its own keys: read with tap's (read-only) one.
+    seed = stack.seeds.get(TAP_USER)
+    keys = {"nkeys_seed": str(seed), "inbox_prefix": inbox_prefix("tap")} if seed else {}
+    nc = await nats.connect(stack.nats_url, **keys)
     try:
         bucket = Subjects(stack.config.namespace).workers_bucket
         deadline = time.monotonic() + timeout_s

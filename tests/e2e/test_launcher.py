@@ -4,6 +4,7 @@ removes its temp run dir."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -112,7 +113,8 @@ def test_up_serves_and_sigterm_stops_every_process_and_removes_its_run_dir(
 
 def test_up_restarts_a_killed_mocker_and_goes_on_serving(tmp_path: Path, model_dir: Path) -> None:
     """SIGKILL of one mocker: the launcher starts it again (a line on its stderr and in the
-    mocker's log), every service stays up, and requests are served."""
+    mocker's log, and another once it is ready), every service stays up, and requests are
+    served."""
     run_dir = tmp_path / "run"
     proc = _start_up(
         {"JETSERVE_NAMESPACE": "restarttest"},
@@ -137,6 +139,11 @@ def test_up_restarts_a_killed_mocker_and_goes_on_serving(tmp_path: Path, model_d
         log = (run_dir / "mocker-0.log").read_text()
         assert "jetserve up: mocker-0 exited with code -9; restart 1 in" in log
         assert f"jetserve up: mocker-0 restarted (pid {fresh})" in log
+        deadline = time.monotonic() + 15  # it says so once the new mocker has started
+        while "mocker-0 ready again after" not in log and time.monotonic() < deadline:
+            time.sleep(0.1)
+            log = (run_dir / "mocker-0.log").read_text()
+        assert re.search(r"jetserve up: mocker-0 ready again after \d+\.\ds", log), log[-2000:]
         for _ in range(6):
             resp = httpx.post(
                 f"{base}/chat/completions",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from services.gateway.errors import StreamGap
 from services.gateway.inbox import HOLE_REASK_S, STALL_PROBE_S, Inbox, Probe
 from services.gateway.retry import RetryBudget
@@ -102,7 +104,7 @@ class TestStall:
         probe = Probe(T0)
         probe.begin(1, 0, T0 + STALL_PROBE_S)
         probe.finish(1)
-        assert probe.on_unanswered(0) is None
+        assert probe.on_unanswered(0, 0) is None
         assert not probe.is_stalled(0, T0 + STALL_PROBE_S * 1.5)
         assert probe.is_stalled(0, T0 + STALL_PROBE_S * 2)
 
@@ -130,25 +132,34 @@ class TestStall:
 
 class TestVerdict:
     def test_nobody_holding_a_started_stream_ends_it_at_once(self) -> None:
-        error = Probe(T0).on_unanswered(next_seq=3)
+        error = Probe(T0).on_unanswered(from_seq=3, next_seq=3)
         assert isinstance(error, FormatterLost)
         assert (error.code, error.status) == ("formatter_lost", 503)
 
     def test_before_any_chunk_it_takes_two_unanswered_probes_in_a_row(self) -> None:
         probe = Probe(T0)
-        assert probe.on_unanswered(0) is None
-        assert isinstance(probe.on_unanswered(0), FormatterLost)
+        assert probe.on_unanswered(0, 0) is None
+        assert isinstance(probe.on_unanswered(0, 0), FormatterLost)
 
     def test_an_answer_between_two_unanswered_probes_resets_the_count(self) -> None:
         probe = Probe(T0)
-        probe.on_unanswered(0)
+        probe.on_unanswered(0, 0)
         probe.on_held(_held("preprocessor"), 0, T0)
-        assert probe.on_unanswered(0) is None
+        assert probe.on_unanswered(0, 0) is None
 
     def test_once_a_formatter_held_it_nobody_holding_it_ends_it_at_once(self) -> None:
         probe = Probe(T0)
         probe.on_held(_held(), 0, T0)
-        assert isinstance(probe.on_unanswered(0), FormatterLost)
+        assert isinstance(probe.on_unanswered(0, 0), FormatterLost)
+
+    @pytest.mark.parametrize("from_seq", [0, 3])
+    def test_chunks_that_came_while_it_asked_overrule_the_silence(self, from_seq: int) -> None:
+        # Seen in a chaos run: a probe from 0 went unanswered while chunk 0 arrived, and the
+        # stream that had just started was failed as lost.
+        probe = Probe(T0)
+        probe.on_held(_held(), 0, T0)
+        assert probe.on_unanswered(from_seq, next_seq=from_seq + 1) is None
+        assert probe.unanswered == 0
 
     def test_a_preprocessor_holding_it_keeps_it_waiting(self) -> None:
         probe = Probe(T0)

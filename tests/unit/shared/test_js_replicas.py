@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import nats.errors
 import pytest
 from nats.js.api import ClusterInfo, PeerInfo, StreamConfig, StreamInfo, StreamState
 from nats.js.errors import (
@@ -26,8 +27,8 @@ from services.router.snapshots import SnapshotWriter, load_snapshot
 from services.router.sync import KvSync
 from shared.kv_stream import ensure_kv_stream
 from shared.messages import WorkerCard
-from shared.registry import WorkerRegistration, open_kv, open_object_store
-from shared.registry.jetstream import wait_replicated
+from shared.registry import WorkerRegistration, jetstream, open_kv, open_object_store
+from shared.registry.jetstream import retry_transient, wait_replicated
 from shared.registry.layout import models_store, workers_bucket
 from shared.subjects import Subjects
 
@@ -71,6 +72,8 @@ class FakeJetStream:
         """Names another service creates (at R1) just before our create reaches the server."""
         self.lagging: set[str] = set()
         """Streams whose followers never catch up."""
+        self.unanswered = 0
+        """How many of the next lookups go unanswered (nats-py's request timeout)."""
 
     def _check(self, config: StreamConfig) -> None:
         if (config.num_replicas or 1) > self.max_replicas:
@@ -111,6 +114,9 @@ class FakeJetStream:
         return self._info(config.name)
 
     async def key_value(self, bucket: str) -> FakeKv:
+        if self.unanswered:
+            self.unanswered -= 1
+            raise nats.errors.TimeoutError
         if f"KV_{bucket}" not in self.streams:
             raise BucketNotFoundError
         return FakeKv(bucket)
@@ -178,6 +184,45 @@ class TestOpenKv:
     async def test_a_refused_create_raises_the_servers_reason(self) -> None:
         with pytest.raises(ServerError, match="non-clustered"):
             await open_kv(fake(max_replicas=1), "b", 10.0, replicas=3)
+
+
+class TestRetryTransient:
+    @pytest.fixture(autouse=True)
+    def quick_backoff(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(jetstream, "OPEN_BACKOFF_S", (0.01,))
+
+    async def test_an_unanswered_lookup_is_asked_again(self) -> None:
+        js = fake()
+        await open_kv(js, "b", 10.0, replicas=3)
+        js.unanswered = 2
+        with capture_logs() as logs:
+            kv = await open_kv(js, "b", 10.0, replicas=3)
+        retries = [e["attempt"] for e in logs if e["event"] == "jetstream_retry"]
+        assert (kv.bucket, js.unanswered, retries) == ("b", 0, [1, 2])
+
+    async def test_past_its_budget_the_last_error_is_raised(self) -> None:
+        calls = 0
+
+        async def unanswered() -> None:
+            nonlocal calls
+            calls += 1
+            raise nats.errors.TimeoutError
+
+        with pytest.raises(nats.errors.TimeoutError):
+            await retry_transient(unanswered, "b", budget_s=0.1)
+        assert 2 <= calls <= 12
+
+    async def test_other_errors_are_not_retried(self) -> None:
+        calls = 0
+
+        async def refused() -> None:
+            nonlocal calls
+            calls += 1
+            raise ServerError(code=500, err_code=10074, description=NOT_CLUSTERED)
+
+        with pytest.raises(ServerError):
+            await retry_transient(refused, "b")
+        assert calls == 1
 
 
 class TestWaitReplicated:
