@@ -74,6 +74,7 @@ def _up(plan: UpPlan) -> int:
             log_to_terminal=up.log_to_terminal,
             run_dir=up.run_dir,
             service_args=plan.service_args,
+            extra_env=plan.nats_env(),
             secure=up.secure,
         )
     )

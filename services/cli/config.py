@@ -35,7 +35,9 @@ LAUNCHER_OWNED: dict[str, frozenset[str]] = {
 """Service settings that ``jetserve up`` sets from its own flags (not passed through)."""
 WORKER_ENGINES = {"mocker": "mocker", "hf": "hf_worker", "vllm": "vllm_worker"}
 """``jetserve up --engine`` → the worker service (``python -m services.<name>``)."""
-UP_COMMON = ("namespace", "log_level", "log_format")
+NATS_AUTH = ("nats_creds", "nats_nkey_seed", "nats_tls_ca", "nats_tls_cert", "nats_tls_key")
+"""How every process signs in to a NATS server of yours (``--nats-url``)."""
+UP_COMMON = ("namespace", "log_level", "log_format", *NATS_AUTH)
 """Settings shared by every service that ``jetserve up`` takes and hands to each of them."""
 
 
@@ -202,12 +204,26 @@ class UpPlan:
     common: dict[str, Any]
     service_args: dict[str, list[str]]
 
+    def nats_env(self) -> dict[str, str]:
+        """The NATS credential and TLS files given, as every process reads them
+        (``JETSERVE_NATS_CREDS``…)."""
+        return {
+            f"JETSERVE_{name.upper()}": str(self.common[name])
+            for name in NATS_AUTH
+            if self.common[name] is not None
+        }
+
 
 def up_plan(args: argparse.Namespace) -> UpPlan:
     """Build the plan from parsed flags and the environment (``ValueError`` for a bad value)."""
     up = UpConfig(**up_settings().values(args))
     common = up_common_settings().resolved(args)
     CommonConfig(**common)  # checks the namespace token
+    if up.secure and (up.nats_url or any(common[name] for name in NATS_AUTH)):
+        raise ValueError(
+            "--secure starts its own nats-server with its own keys: no --nats-url or "
+            "--nats-* credentials with it (for a server of yours: jetserve nats-config)"
+        )
     given = vars(args)
     service_args: dict[str, list[str]] = {}
     for item in pass_through():

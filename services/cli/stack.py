@@ -357,12 +357,12 @@ class Stack:
         env = {
             **os.environ,
             **(self.inbox.env if self.inbox is not None else {}),
-            **({"JETSERVE_NATS_NKEY_SEED": str(self.seeds[name])} if name in self.seeds else {}),
             "JETSERVE_NATS_URL": self.nats_url,
             "JETSERVE_NAMESPACE": self.config.namespace,
             "JETSERVE_LOG_LEVEL": self.config.log_level,
             "JETSERVE_LOG_FORMAT": self.config.log_format,
             **self.config.extra_env,
+            **({"JETSERVE_NATS_NKEY_SEED": str(self.seeds[name])} if name in self.seeds else {}),
         }
         log_path: Path | None = None
         out: int | IO[bytes] | None = None

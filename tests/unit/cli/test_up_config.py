@@ -9,6 +9,7 @@ import pytest
 from services.cli.__main__ import build_parser
 from services.cli.config import (
     LAUNCHER_OWNED,
+    NATS_AUTH,
     UpConfig,
     UpPlan,
     pass_through,
@@ -26,8 +27,29 @@ def test_defaults() -> None:
     result = plan()
     assert result.up == UpConfig()
     assert (result.up.http_port, result.up.workers, result.up.run_dir) == (8000, 2, None)
-    assert result.common == {"namespace": "jetserve", "log_level": "INFO", "log_format": "auto"}
+    assert result.common == {
+        "namespace": "jetserve",
+        "log_level": "INFO",
+        "log_format": "auto",
+        **dict.fromkeys(NATS_AUTH),
+    }
     assert result.service_args == {}
+    assert result.nats_env() == {}
+
+
+def test_nats_credentials_go_to_every_process(tmp_path: Path) -> None:
+    creds = tmp_path / "svc.creds"
+    creds.write_text("-----BEGIN NATS USER JWT-----")
+    result = plan("--nats-url", "nats://nats.internal:4222", "--nats-creds", str(creds))
+    assert result.nats_env() == {"JETSERVE_NATS_CREDS": str(creds)}
+
+
+@pytest.mark.parametrize("other", [["--nats-url", "nats://x:4222"], ["--nats-tls-ca", "ca.pem"]])
+def test_secure_runs_its_own_server_and_keys(other: list[str], tmp_path: Path) -> None:
+    (tmp_path / "ca.pem").write_text("not checked here")
+    args = [str(tmp_path / a) if a == "ca.pem" else a for a in other]
+    with pytest.raises(ValueError, match="--secure starts its own nats-server"):
+        plan("--secure", *args)
 
 
 def test_service_settings_pass_through_with_the_service_name_as_prefix() -> None:
