@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from services.cli.secure import (
     COMPOSE_NAME,
@@ -71,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_token(args.namespace, "--namespace")
         workers = parse_workers(args.workers or list(DEFAULT_WORKERS))
-        if args.compose and not args.compose_file.is_file():
-            raise ValueError(f"--compose-file {args.compose_file}: no such file")
+        base = _compose_base(args.compose_file, workers) if args.compose else None
     except ValueError as exc:
         print(f"jetserve nats-config: {exc}", file=sys.stderr)
         return 2
@@ -82,14 +82,24 @@ def run(args: argparse.Namespace) -> int:
     conf = write_users(folder, users, Subjects(args.namespace), seed_mode=mode)
     print(f"nats-server users: {conf} ({len(users)} users, namespace {args.namespace})")
     print(f"seeds: {folder}/<user>.nk (--nats-nkey-seed); read-only: {seed_path(folder, TAP_USER)}")
-    if args.compose:
-        base_path = args.compose_file.resolve()
-        import yaml  # jetserve[embedded]; only --compose needs it
-
-        base = yaml.safe_load(base_path.read_text())
+    if base is not None:
         override = folder / COMPOSE_NAME
-        override.write_text(
-            compose_text(compose_override(folder, users, base), base_path, override)
+        text = compose_text(
+            compose_override(folder, users, base), args.compose_file.resolve(), override
         )
+        override.write_text(text)
         print(f"compose: docker compose -f {args.compose_file} -f {override} up -d")
     return 0
+
+
+def _compose_base(path: Path, workers: dict[str, int]) -> dict[str, Any]:
+    """The base compose file, loaded; ValueError when it lacks a service to copy workers of."""
+    import yaml  # jetserve[embedded]; only --compose needs it
+
+    if not path.is_file():
+        raise ValueError(f"--compose-file {path}: no such file")
+    base: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
+    missing = sorted(set(workers) - set(base.get("services") or {}))
+    if missing:
+        raise ValueError(f"{path} has no service {', '.join(missing)} to copy for those workers")
+    return base

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ def new_user(name: str, service: str) -> BusUser:
     return BusUser(name, service, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
 
 
-def authorization(users: Iterable[BusUser], subjects: Subjects) -> str:
+def authorization(users: Sequence[BusUser], subjects: Subjects) -> str:
     """nats-server's ``authorization`` block: each user's public key and permissions. A client
     without one of these keys cannot connect."""
     entries = [

@@ -78,3 +78,17 @@ def test_the_compose_file_gives_each_process_its_key(tmp_path: Path) -> None:
     assert compose["router"]["volumes"] == [f"{out / 'router.nk'}:{SEED_IN_CONTAINER}:ro"]
     assert compose["nats"]["command"][-2:] == ["-c", "/etc/nats/jetserve-auth.conf"]
     assert "tap" not in compose
+
+
+def test_a_worker_the_compose_file_lacks_is_refused_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = tmp_path / "docker-compose.yml"
+    base.write_text("services: {nats: {command: []}, mocker: {}}\n")
+    out = tmp_path / "auth"
+    argv = ["nats-config", "--out", str(out), "--compose", "--compose-file", str(base)]
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--workers", "hf_worker=1"])
+    assert done.value.code == 2
+    assert "has no service hf_worker" in capsys.readouterr().err
+    assert not out.exists()
