@@ -71,7 +71,12 @@ async def retry_transient(
 
 
 async def open_kv(
-    js: JetStreamContext, bucket: str, ttl_s: float, *, replicas: int = 1
+    js: JetStreamContext,
+    bucket: str,
+    ttl_s: float,
+    *,
+    replicas: int = 1,
+    retry_s: float = OPEN_BUDGET_S,
 ) -> KeyValue:
     """Open a KV bucket, creating it (history 1, max age ``ttl_s``) if it does not exist.
 
@@ -79,9 +84,12 @@ async def open_kv(
     loser's create fails when its settings differ ("stream name already in use"), and then it
     opens the winner's bucket. Either way the bucket ends with at least ``replicas`` replicas
     (see :func:`ensure_replicas`). A request the cluster leaves unanswered is asked again
-    (:func:`retry_transient`).
+    for up to ``retry_s`` (:func:`retry_transient`): at start-up. A loop that opens the bucket
+    again later (a heartbeat) passes 0 and tries again on its own schedule.
     """
-    return await retry_transient(lambda: _open_kv(js, bucket, ttl_s, replicas), bucket)
+    return await retry_transient(
+        lambda: _open_kv(js, bucket, ttl_s, replicas), bucket, budget_s=retry_s
+    )
 
 
 async def _open_kv(js: JetStreamContext, bucket: str, ttl_s: float, replicas: int) -> KeyValue:

@@ -6,7 +6,7 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from shared.registry.jetstream import open_kv, open_object_store
+from shared.registry.jetstream import OPEN_BUDGET_S, open_kv, open_object_store
 from shared.subjects import Subjects
 
 DEFAULT_WORKER_TTL_S = 10.0
@@ -22,10 +22,16 @@ def object_name(model: str, file: str) -> str:
 
 
 async def workers_bucket(
-    js: JetStreamContext, subjects: Subjects, ttl_s: float, *, replicas: int = 1
+    js: JetStreamContext,
+    subjects: Subjects,
+    ttl_s: float,
+    *,
+    replicas: int = 1,
+    retry_s: float = OPEN_BUDGET_S,
 ) -> KeyValue:
-    """Open the workers KV bucket, creating it (max age = ``ttl_s``) if it does not exist."""
-    return await open_kv(js, subjects.workers_bucket, ttl_s, replicas=replicas)
+    """Open the workers KV bucket, creating it (max age = ``ttl_s``) if it does not exist
+    (``retry_s``: see ``open_kv``)."""
+    return await open_kv(js, subjects.workers_bucket, ttl_s, replicas=replicas, retry_s=retry_s)
 
 
 async def models_store(

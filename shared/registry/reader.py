@@ -219,7 +219,7 @@ class WorkerDirectory:
                 try:
                     # A server that lost its store lost the bucket too: the workers' next
                     # heartbeats fill it again.
-                    await workers_bucket(self._js, self._subjects, self.view.ttl_s)
+                    await workers_bucket(self._js, self._subjects, self.view.ttl_s, retry_s=0)
                     await self._watch()
                     log.info("worker_directory_rewatched", workers=len(self.view.cards))
                 except (nats.errors.Error, TimeoutError) as exc:

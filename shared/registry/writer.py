@@ -174,10 +174,14 @@ class WorkerRegistration:
             except NoStreamResponseError:  # a server that lost its store: create the bucket
                 log.warning("heartbeat_bucket_missing")
                 delay_s = min(HEARTBEAT_RETRY_S, interval_s)
+                # Bounded, not retried: the card expires after TTL, so the next beat must come.
+                # (A stream that lost its leader answers "no responders" too, and opening it
+                # then can wait seconds for the new one.)
+                reopen = workers_bucket(
+                    self._js, self._subjects, self._ttl_s, replicas=self._replicas, retry_s=0
+                )
                 with contextlib.suppress(nats.errors.Error, TimeoutError):
-                    self._kv = await workers_bucket(
-                        self._js, self._subjects, self._ttl_s, replicas=self._replicas
-                    )
+                    self._kv = await asyncio.wait_for(reopen, interval_s)
             except Exception as exc:  # noqa: BLE001 - keep beating through NATS outages
                 if delay_s == interval_s:
                     log.warning("heartbeat_failed", error=repr(exc))

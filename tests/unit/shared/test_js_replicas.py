@@ -200,6 +200,14 @@ class TestRetryTransient:
         retries = [e["attempt"] for e in logs if e["event"] == "jetstream_retry"]
         assert (kv.bucket, js.unanswered, retries) == ("b", 0, [1, 2])
 
+    async def test_with_no_budget_it_is_asked_once(self) -> None:
+        js = fake()
+        await open_kv(js, "b", 10.0)
+        js.unanswered = 1
+        with pytest.raises(nats.errors.TimeoutError):
+            await open_kv(js, "b", 10.0, retry_s=0)
+        assert js.unanswered == 0
+
     async def test_past_its_budget_the_last_error_is_raised(self) -> None:
         calls = 0
 
