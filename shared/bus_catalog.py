@@ -487,7 +487,9 @@ CHANNELS: tuple[Channel, ...] = (
     Channel(
         name="decisions",
         subject=Subjects.decisions,
-        summary="Every routing decision: where a request went and every candidate's cost.",
+        summary="Every routing decision: where a request went and every candidate's cost (beyond "
+        "32 workers, those with a cached prefix or requests in flight, and the chosen one; the "
+        "rest are counted in `idle_workers`, each at `idle_cost`).",
         messages=(RouteDecision,),
         publishers=(Pub("router"),),
         subscribers=(Sub("router", note="peer routers apply them"), Sub("tap")),

@@ -600,6 +600,12 @@ class RouteDecision(Message, frozen=True):
     block_hashes: tuple[int, ...] = ()
     """Sequence hashes of the prompt's full blocks (kv modes), so peers can account the same
     shared-prefix load and, without KV events, the same assumed cache."""
+    idle_workers: int = 0
+    """Live workers not in ``candidates``, each at ``idle_cost`` (nothing of the prompt cached,
+    nothing in flight). ``candidates`` lists every worker up to 32 of them; beyond, in kv mode
+    at temperature 0 without busy thresholds (the defaults), the ones with an overlap or
+    requests in flight, and the chosen one."""
+    idle_cost: float = 0.0
 
 
 # --- embeddings (issue 10: /v1/embeddings) -----------------------------------------------------

@@ -8,6 +8,7 @@ events, cancels and load reports, and publishes what ``decide`` returns.
 
 from __future__ import annotations
 
+import operator
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field
 from services.router.approx import ApproxIndex
 from services.router.load import ActiveLoad, BusyThresholds, WorkerReports, is_busy
 from services.router.policy import Policy, build_policy
-from services.router.selection import allowed_workers, pick, worker_cost
+from services.router.scoring import Scorer, choose_sparse
+from services.router.selection import allowed_workers, pick
 from services.router.sync import KvSync
 from shared.errors import (
     AllWorkersBusy,
@@ -37,7 +39,15 @@ from shared.messages import (
 
 KV_MODES = ("kv",)
 DEFAULT_BLOCK_SIZE = 16
+LIST_ALL_UP_TO = 32
+"""Up to this many workers every worker is scored and listed in the decision; beyond, in kv
+mode, the sparse computation lists the workers it scored one by one and the chosen one, the rest
+as ``idle_workers`` at ``idle_cost``."""
 _NO_HINTS = RoutingHints()
+
+
+_worker_id = operator.attrgetter("worker_id")
+"""Sort key of cards and candidates (C-level: this runs over the whole fleet)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,16 +105,51 @@ class RoutingCore:
     ) -> RouteDecision:
         """Where ``gen`` goes among the ``live`` workers of its model; changes no state.
 
+        In kv mode beyond ``LIST_ALL_UP_TO`` workers, at temperature 0 with the busy checks off
+        (the defaults), only the workers with state (an overlap, requests in flight) are scored
+        one by one and the idle rest once (``scoring.choose_sparse``): the same choice as
+        ``decide_exhaustive``, at a cost that grows with the workers that hold something of the
+        request, not with the fleet.
+
         Raises:
             NotFound: the request pins a worker that is not live (404).
             InvalidRequest: ``direct`` mode and the request pins no worker (400).
             NoWorkerAvailable: no live worker serves the model (503).
             AllWorkersBusy: every live worker is over a busy threshold (503 or 529).
         """
-        pinned = gen.worker_id is not None
         cards = self._candidates(gen, live)
-        block_size = cards[0].block_size or DEFAULT_BLOCK_SIZE
         hints = gen.routing or _NO_HINTS
+        temperature = hints.router_temperature
+        temperature = self.settings.temperature if temperature is None else temperature
+        sparse = (
+            self.is_kv
+            and len(cards) > LIST_ALL_UP_TO
+            and gen.worker_id is None
+            and not self.settings.busy.enabled
+            and temperature <= 0.0
+        )
+        return self._decide(gen, cards, hints, now, rng, sparse=sparse)
+
+    def decide_exhaustive(
+        self, gen: Generate, live: Sequence[WorkerCard], *, now: float, rng: random.Random
+    ) -> RouteDecision:
+        """``decide`` with every worker scored one by one, whatever the settings: the
+        straightforward computation that the sparse one must agree with."""
+        cards = self._candidates(gen, live)
+        return self._decide(gen, cards, gen.routing or _NO_HINTS, now, rng, sparse=False)
+
+    def _decide(
+        self,
+        gen: Generate,
+        cards: list[WorkerCard],
+        hints: RoutingHints,
+        now: float,
+        rng: random.Random,
+        *,
+        sparse: bool,
+    ) -> RouteDecision:
+        pinned = gen.worker_id is not None
+        block_size = min(cards, key=_worker_id).block_size or DEFAULT_BLOCK_SIZE
         hashes: Sequence[int] = ()
         overlaps: dict[str, int] = {}
         if self.is_kv:
@@ -117,42 +162,28 @@ class RoutingCore:
                 overlaps = self._estimate_eventless(cards, hashes, overlaps)
         prompt_tokens = len(gen.token_ids)
         prompt_blocks = -(-prompt_tokens // block_size)
-        tail = prompt_blocks - len(hashes)
         weight = hints.overlap_score_weight
-        weight = self.settings.overlap_weight if weight is None else weight
-        check_busy = not pinned and self.settings.busy.enabled
-        inflight = self.is_kv and self.settings.inflight_overlap
-        load = self.load
-        candidates: list[Candidate] = []
-        for card in cards:
-            w = card.worker_id
-            prefill, decode, new = load.figures(w, hashes)
-            cached = overlaps.get(w, 0)
-            pending = 0
-            if inflight:
-                # Active blocks are prefix-closed: the first len(hashes) - new are being
-                # computed (or held) there by requests routed earlier, which the engine
-                # schedules first. Their prefill is work this request needs done anyway, not a
-                # queue it waits behind elsewhere: an in-flight prefix costs what a cached one
-                # does. (If that prefill is already done but its KV events are not in yet,
-                # this discounts other requests' prefill for those few milliseconds.)
-                pending = max(0, len(hashes) - new - cached)
-                prefill = max(0, prefill - pending * block_size)
-            candidates.append(
-                worker_cost(
-                    w,
-                    cached + pending,
-                    prefill,
-                    decode,
-                    new + tail,
-                    prompt_tokens,
-                    block_size,
-                    weight,
-                    check_busy and self._is_busy(card, now),
-                    pending,
-                )
-            )
-        best = candidates[self._choose(gen, cards, candidates, hints, rng)]
+        scorer = Scorer(
+            hashes=hashes,
+            overlaps=overlaps,
+            load=self.load,
+            prompt_tokens=prompt_tokens,
+            block_size=block_size,
+            tail=prompt_blocks - len(hashes),
+            weight=self.settings.overlap_weight if weight is None else weight,
+            inflight=self.is_kv and self.settings.inflight_overlap,
+        )
+        idle_workers, idle_cost = 0, 0.0
+        if sparse:
+            candidates, idle_workers, idle_cost, chosen = self._sparse(scorer, cards, rng)
+            best = next(c for c in candidates if c.worker_id == chosen)
+        else:
+            cards.sort(key=_worker_id)
+            check_busy = not pinned and self.settings.busy.enabled
+            candidates = [
+                scorer.score(c.worker_id, check_busy and self._is_busy(c, now)) for c in cards
+            ]
+            best = candidates[self._choose(gen, cards, candidates, hints, rng)]
         return RouteDecision(
             request_id=gen.request_id,
             router_id=self.settings.router_id,
@@ -166,7 +197,21 @@ class RoutingCore:
             ts=now,
             prompt_tokens=prompt_tokens,
             block_hashes=tuple(hashes),
+            idle_workers=idle_workers,
+            idle_cost=idle_cost,
         )
+
+    def _sparse(
+        self, scorer: Scorer, cards: Sequence[WorkerCard], rng: random.Random
+    ) -> tuple[list[Candidate], int, float, str]:
+        """The sparse choice, and what the decision lists: the scored workers and the chosen
+        one; the other idle workers are counted, at their shared cost."""
+        choice = choose_sparse(scorer, {c.worker_id for c in cards}, rng)
+        listed, idle_workers = choice.scored, choice.idle_workers
+        if all(c.worker_id != choice.worker_id for c in listed):
+            listed = sorted([*listed, scorer.score(choice.worker_id)], key=_worker_id)
+            idle_workers -= 1
+        return listed, idle_workers, choice.idle.cost if idle_workers else 0.0, choice.worker_id
 
     @property
     def mode_label(self) -> str:
@@ -195,7 +240,7 @@ class RoutingCore:
             raise NoWorkerAvailable(
                 f"no live worker serves model {gen.model}{among}", retry_after_s=1.0
             )
-        return sorted(live, key=lambda c: c.worker_id)
+        return list(live)
 
     def _is_busy(self, card: WorkerCard, now: float) -> bool:
         thresholds = self.settings.busy

@@ -15,7 +15,7 @@ ignored, so a busy mark expires when a worker stops reporting.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from shared.messages import WorkerLoad
@@ -183,6 +183,10 @@ class ActiveLoad:
 
     def workers(self) -> list[str]:
         return sorted(self._workers)
+
+    def active_workers(self) -> Iterable[str]:
+        """The workers with requests in flight (unordered; a view, not a copy)."""
+        return self._workers.keys()
 
     def __len__(self) -> int:
         return len(self._requests)
