@@ -207,8 +207,9 @@ class UpPlan:
     def nats_env(self) -> dict[str, str]:
         """The NATS credential and TLS files given, as every process reads them
         (``JETSERVE_NATS_CREDS``…)."""
+        settings = up_common_settings()
         return {
-            f"JETSERVE_{name.upper()}": str(self.common[name])
+            settings[name].env: str(self.common[name])
             for name in NATS_AUTH
             if self.common[name] is not None
         }

@@ -26,6 +26,7 @@ from nats.aio.client import Client
 
 from services.cli.stack import Stack
 from services.media.config import DEFAULT_IMAGE_MODEL
+from shared.bus_permissions import inbox_prefix
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve import grpc_service_pb2_grpc as pb_grpc
 from shared.subjects import Subjects
@@ -60,7 +61,7 @@ async def as_user(stack: Stack, user: str) -> AsyncIterator[tuple[Client, list[s
     nc = await nats.connect(
         stack.nats_url,
         nkeys_seed=str(stack.seeds[user]),
-        inbox_prefix=f"_INBOX.{user.split('-')[0]}",
+        inbox_prefix=inbox_prefix(user.split("-")[0]),  # mocker-0 → the mocker's inbox
         error_cb=on_error,
         allow_reconnect=False,
     )
