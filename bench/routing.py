@@ -1,14 +1,17 @@
 """Routing benchmark (``make bench-routing``): prints one JSON object.
 
-    python -m bench.routing [--part a] [--workers 16] [--events 10000] [--iters 1000]
+    python -m bench.routing [--part a] [--workers 16 256 1024] [--events 10000] [--iters 1000]
 
 (a) In-process and pure, like ``../shared/bench/radix_bench.py`` for Dynamo's ``RadixTree``:
     64 base sequences of 8192 random tokens; 10,000 ``BlockStored`` batches, each extending one
     of 16 workers' cached chain on one base sequence by 16 blocks (with ``parent_hash``), are
     applied through ``KvSync`` (msgpack decode + apply, and apply alone: events/s). Then the
-    router's decision latency (``RoutingCore.decide``: salted block hashing, index lookup, cost
-    of all 16 workers, selection) is measured for 1k- and 8k-token prompts that hit a cached
-    prefix and for misses, with 64 requests active, plus its parts (hashing, ``find_matches``).
+    router's decision latency (``RoutingCore.decide``: index lookup, costs, selection; the block
+    hashes come with the request from the preprocessor, as in service) is measured for 1k- and
+    8k-token prompts that hit a cached prefix and for misses, with 64 requests active, plus a
+    hit hashed in the router (``_hashed_here``) and the parts (hashing, ``find_matches``), and
+    the registry's live-worker list of the model (``LiveWorkers.for_model``), for each
+    ``--workers`` fleet size.
 (b) ``--part b``: the shared-prefix serving workload on a local stack (4 mockers at speedup 1,
     1024 blocks of 16): KV hit rate, TTFT p50/p99 and requests/s for each ``--modes``.
 """
@@ -25,6 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from bench.serving import WORDS, cpu_s, run_chats, summarize, warm_up
 from services.cli.stack import Stack, StackConfig
 from services.router.core import CoreSettings, RoutingCore
@@ -33,6 +38,7 @@ from shared import codec
 from shared.hashing import prefix_hashes
 from shared.messages import BlockStored, Generate, KvEventBatch, SamplingParams, WorkerCard
 from shared.model_dir import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model_dir
+from shared.registry.reader import LiveWorkers
 
 BLOCK = 16
 SEQ_TOKENS = 8192
@@ -105,10 +111,13 @@ def part_a(
     ]
     decide_rng = random.Random(seed)
 
-    def gen(rid: str, prompt: list[int]) -> Generate:
+    def gen(rid: str, prompt: list[int], hashed: bool = True) -> Generate:
+        """As the preprocessor sends it: block hashes made upstream (``hashed``), or none."""
+        hashes = tuple(prefix_hashes(prompt, BLOCK)) if hashed else ()
         return Generate(
             request_id=rid, model=MODEL, token_ids=tuple(prompt),
             sampling=SamplingParams(), stream_to="bench",
+            block_hashes=hashes, hash_block_size=BLOCK if hashed else 0,
         )  # fmt: skip
 
     for i in range(64):  # background load: 64 active requests
@@ -129,12 +138,16 @@ def part_a(
         hits = [gen(f"h{ntok}-{i}", tokens[i % 64][:ntok] + [7] * 5) for i in range(64)]
         misses = [gen(f"m{ntok}-{i}", [rng.randrange(1, 150_000) for _ in range(ntok)])
                   for i in range(8)]  # fmt: skip
-        hit_hashes = [prefix_hashes(g.token_ids, BLOCK) for g in hits]
+        bare = [msgspec.structs.replace(g, block_hashes=(), hash_block_size=0) for g in hits]
+        hit_hashes = [g.block_hashes for g in hits]
         res[f"decide_{ntok}tok_hit"] = _timed(
             lambda i, h=hits: core.decide(h[i % 64], cards, now=0, rng=decide_rng), iters
         )
         res[f"decide_{ntok}tok_miss"] = _timed(
             lambda i, m=misses: core.decide(m[i % 8], cards, now=0, rng=decide_rng), iters
+        )
+        res[f"decide_{ntok}tok_hit_hashed_here"] = _timed(
+            lambda i, h=bare: core.decide(h[i % 64], cards, now=0, rng=decide_rng), iters
         )
         res[f"hash_{ntok}tok"] = _timed(
             lambda i, h=hits: prefix_hashes(h[i % 64].token_ids, BLOCK), iters
@@ -146,6 +159,10 @@ def part_a(
         res[f"example_overlaps_{ntok}tok"] = sorted(
             (c.overlap_blocks for c in best.candidates), reverse=True
         )[:4]
+    directory = LiveWorkers(ttl_s=10.0)
+    for card in cards:
+        directory.put(msgspec.structs.replace(card, heartbeat_at=time.time()))
+    res["live_workers_of_model"] = _timed(lambda i: directory.for_model(MODEL, time.time()), iters)
     res["loadavg"] = os.getloadavg()
     return res
 
@@ -216,7 +233,7 @@ def serving_workload(mode: str, **options: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.routing", description=__doc__)
     parser.add_argument("--part", choices=["a", "b"], nargs="+", default=["a"])
-    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--workers", type=int, nargs="+", default=[16, 256, 1024])
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--iters", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=7)
@@ -224,9 +241,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     out: dict[str, Any] = {}
     if "a" in args.part:
-        out["a"] = part_a(
-            workers=args.workers, events=args.events, iters=args.iters, seed=args.seed
-        )
+        out["a"] = {
+            str(n): part_a(workers=n, events=args.events, iters=args.iters, seed=args.seed)
+            for n in args.workers
+        }
+        out["a_decide_p50_us"] = {
+            n: {k.removeprefix("decide_"): v["p50_us"] for k, v in a.items() if "decide" in k}
+            for n, a in out["a"].items()
+        }
     if "b" in args.part:
         out["b"] = {mode: serving_workload(mode) for mode in args.modes}
     print(json.dumps(out, indent=1))

@@ -488,8 +488,8 @@ CHANNELS: tuple[Channel, ...] = (
         name="decisions",
         subject=Subjects.decisions,
         summary="Every routing decision: where a request went and every candidate's cost (beyond "
-        "32 workers, those with a cached prefix or requests in flight, and the chosen one; the "
-        "rest are counted in `idle_workers`, each at `idle_cost`).",
+        "32 workers, the chosen one and the cheapest others, 4 in all; the rest are counted in "
+        "`idle_workers`, each at `idle_cost`, and `unlisted_workers`).",
         messages=(RouteDecision,),
         publishers=(Pub("router"),),
         subscribers=(Sub("router", note="peer routers apply them"), Sub("tap")),

@@ -93,3 +93,31 @@ def prefix_hashes(
     """
     seed = salted_seed(lora_name=lora_name, cache_salt=cache_salt)
     return sequence_hashes(local_block_hashes(tokens, block_size, seed))
+
+
+def extend_prefix_hashes(
+    tokens: Sequence[int],
+    block_size: int,
+    known: Sequence[int],
+    *,
+    lora_name: str | None = None,
+    cache_salt: str | None = None,
+) -> Sequence[int]:
+    """``prefix_hashes(tokens, ...)``, given ``known``: those of a prefix of ``tokens`` (the
+    preprocessor's, same block size and salt), so only the full blocks past it are hashed.
+
+    A block's sequence hash depends only on the tokens up to its end, so the hashes of a prompt
+    are those of any prefix of it, followed by the new blocks' (a migrated request's prompt is
+    its original prompt plus the tokens generated so far). ``known`` longer than ``tokens`` has
+    full blocks cannot be such a prefix: everything is hashed afresh.
+    """
+    full = len(tokens) // block_size
+    have = len(known)
+    if have == full:
+        return known
+    if have == 0 or have > full:
+        return prefix_hashes(tokens, block_size, lora_name=lora_name, cache_salt=cache_salt)
+    seed = salted_seed(lora_name=lora_name, cache_salt=cache_salt)
+    tail = local_block_hashes(tokens[have * block_size :], block_size, seed)
+    chained = sequence_hashes([known[-1], *tail])  # the first is already a sequence hash
+    return [*known, *chained[1:]]

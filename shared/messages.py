@@ -241,6 +241,11 @@ class Generate(Message, frozen=True):
     attempt: int = 0
     """0, then 1, 2… for each migration; the worker echoes it in its batches, so batches of an
     abandoned attempt are told apart (decision 017)."""
+    block_hashes: tuple[int, ...] = ()
+    """Sequence hashes of full blocks of ``hash_block_size`` tokens of a prefix of
+    ``token_ids`` (the whole prompt as the preprocessor made it; ``routing``'s salt applied),
+    hashed once upstream so the router need not (``shared.hashing``). Empty: not hashed."""
+    hash_block_size: int = 0
 
 
 class TokenBatch(Message, frozen=True):
@@ -464,6 +469,9 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """``llm``: text in, tokens out (preprocessor, router, formatter). ``tensor``: KServe v2
     tensors straight to a worker (``TensorInfer``); ``tensor_spec`` describes them."""
     tensor_spec: TensorModelSpec | None = None
+    kv_block_size: int = 0
+    """Tokens per KV block of the model's workers (the first worker to register tells): the
+    preprocessor hashes each prompt's blocks at this size for the router (0: it does not)."""
 
 
 class TensorSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -601,11 +609,14 @@ class RouteDecision(Message, frozen=True):
     """Sequence hashes of the prompt's full blocks (kv modes), so peers can account the same
     shared-prefix load and, without KV events, the same assumed cache."""
     idle_workers: int = 0
-    """Live workers not in ``candidates``, each at ``idle_cost`` (nothing of the prompt cached,
-    nothing in flight). ``candidates`` lists every worker up to 32 of them; beyond, in kv mode
-    at temperature 0 without busy thresholds (the defaults), the ones with an overlap or
-    requests in flight, and the chosen one."""
+    """Live workers not in ``candidates`` with nothing of the prompt cached and nothing in
+    flight, each at ``idle_cost``. ``candidates`` lists every worker up to 32 of them; beyond,
+    in kv mode at temperature 0 without busy thresholds (the defaults), the chosen one and the
+    cheapest others, 4 in all."""
     idle_cost: float = 0.0
+    unlisted_workers: int = 0
+    """Live workers not in ``candidates`` with an overlap or requests in flight; none costs
+    less than a listed one."""
 
 
 # --- embeddings (issue 10: /v1/embeddings) -----------------------------------------------------

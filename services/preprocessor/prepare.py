@@ -15,6 +15,7 @@ import msgspec
 from services.preprocessor import chat_template, guided
 from services.preprocessor.tokenizer import ModelAssets
 from shared.errors import ContextLengthExceeded, InvalidRequest
+from shared.hashing import prefix_hashes
 from shared.messages import Generate, OutputOptions, Preprocess, SamplingParams, StreamOpen
 
 
@@ -30,6 +31,9 @@ class Prepared:
     """The request's output options with the model's parsers resolved (``guided.resolve``)."""
     formatted_prompt: str = ""
     """The prompt text as the engine gets it, kept only for ``nvext.annotations``."""
+    block_hashes: tuple[int, ...] = ()
+    """The prompt's KV block hashes at ``assets.kv_block_size`` (``Generate.block_hashes``)."""
+    hash_block_size: int = 0
 
     @property
     def prompt_tokens(self) -> int:
@@ -81,12 +85,26 @@ def prepare(req: Preprocess, assets: ModelAssets, rendered: str | None = None) -
         req.sampling, max_tokens=max_tokens, stop_token_ids=stop_ids, guided=resolved
     )
     formatted = (prompt_text or "") if "formatted_prompt" in req.output.annotations else ""
+    block_size = assets.kv_block_size
+    hints = req.routing
+    hashes = (
+        prefix_hashes(
+            token_ids,
+            block_size,
+            lora_name=hints.lora_name if hints else None,
+            cache_salt=hints.cache_salt if hints else None,
+        )
+        if block_size > 0
+        else ()
+    )
     return Prepared(
         token_ids=token_ids,
         sampling=sampling,
         prompt_text=echo,
         output=output,
         formatted_prompt=formatted,
+        block_hashes=tuple(hashes),
+        hash_block_size=block_size if hashes else 0,
     )
 
 
@@ -213,6 +231,8 @@ def generate(req: Preprocess, prepared: Prepared, stream_to: str) -> Generate:
         worker_id=req.worker_id,
         routing=req.routing,
         reply_to=req.reply_to,
+        block_hashes=prepared.block_hashes,
+        hash_block_size=prepared.hash_block_size,
     )
 
 

@@ -57,6 +57,8 @@ class ModelAssets:
     """The model's tool-call syntax (``ModelCard.tool_parser``; empty: none)."""
     reasoning_parser: str = ""
     """The model's reasoning syntax (``ModelCard.reasoning_parser``; empty: none)."""
+    kv_block_size: int = 0
+    """``ModelCard.kv_block_size``: prompts are block-hashed at this size for the router."""
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         """Token ids of ``text``."""
@@ -112,6 +114,7 @@ def load_assets(
         special_tokens=special_tokens(tok_config),
         tool_parser=card.tool_parser,
         reasoning_parser=card.reasoning_parser,
+        kv_block_size=card.kv_block_size,
     )
 
 

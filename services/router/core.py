@@ -8,12 +8,12 @@ events, cancels and load reports, and publishes what ``decide`` returns.
 
 from __future__ import annotations
 
-import operator
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.router.approx import ApproxIndex
+from services.router.fleet import Fleet, FleetCache
 from services.router.load import ActiveLoad, BusyThresholds, WorkerReports, is_busy
 from services.router.policy import Policy, build_policy
 from services.router.scoring import Scorer, choose_sparse
@@ -26,7 +26,7 @@ from shared.errors import (
     NotFound,
     NoWorkerAvailable,
 )
-from shared.hashing import prefix_hashes
+from shared.hashing import extend_prefix_hashes, prefix_hashes
 from shared.messages import (
     Candidate,
     Generate,
@@ -38,16 +38,12 @@ from shared.messages import (
 )
 
 KV_MODES = ("kv",)
-DEFAULT_BLOCK_SIZE = 16
 LIST_ALL_UP_TO = 32
 """Up to this many workers every worker is scored and listed in the decision; beyond, in kv
-mode, the sparse computation lists the workers it scored one by one and the chosen one, the rest
-as ``idle_workers`` at ``idle_cost``."""
+mode, the sparse computation lists the chosen worker and the cheapest others
+(``scoring.LISTED`` in all), and counts the rest: ``idle_workers`` at ``idle_cost``, and
+``unlisted_workers`` with state of their own."""
 _NO_HINTS = RoutingHints()
-
-
-_worker_id = operator.attrgetter("worker_id")
-"""Sort key of cards and candidates (C-level: this runs over the whole fleet)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,6 +88,7 @@ class RoutingCore:
         """Workers whose card says their engine publishes no KV events: their cache is
         estimated from the routing decisions (approximate), whatever the mode."""
         self._policy = policy
+        self._fleets = FleetCache()
         if policy is None and settings.mode in ("round-robin", "random"):
             self._policy = build_policy(settings.mode, seed=settings.seed)
 
@@ -117,31 +114,32 @@ class RoutingCore:
             NoWorkerAvailable: no live worker serves the model (503).
             AllWorkersBusy: every live worker is over a busy threshold (503 or 529).
         """
-        cards = self._candidates(gen, live)
+        fleet = self._fleet(gen, live)
         hints = gen.routing or _NO_HINTS
         temperature = hints.router_temperature
         temperature = self.settings.temperature if temperature is None else temperature
         sparse = (
             self.is_kv
-            and len(cards) > LIST_ALL_UP_TO
+            and len(fleet) > LIST_ALL_UP_TO
+            and (self.uses_approx or not fleet.eventless)
             and gen.worker_id is None
             and not self.settings.busy.enabled
             and temperature <= 0.0
         )
-        return self._decide(gen, cards, hints, now, rng, sparse=sparse)
+        return self._decide(gen, fleet, hints, now, rng, sparse=sparse)
 
     def decide_exhaustive(
         self, gen: Generate, live: Sequence[WorkerCard], *, now: float, rng: random.Random
     ) -> RouteDecision:
         """``decide`` with every worker scored one by one, whatever the settings: the
         straightforward computation that the sparse one must agree with."""
-        cards = self._candidates(gen, live)
-        return self._decide(gen, cards, gen.routing or _NO_HINTS, now, rng, sparse=False)
+        fleet = self._fleet(gen, live)
+        return self._decide(gen, fleet, gen.routing or _NO_HINTS, now, rng, sparse=False)
 
     def _decide(
         self,
         gen: Generate,
-        cards: list[WorkerCard],
+        fleet: Fleet,
         hints: RoutingHints,
         now: float,
         rng: random.Random,
@@ -149,17 +147,19 @@ class RoutingCore:
         sparse: bool,
     ) -> RouteDecision:
         pinned = gen.worker_id is not None
-        block_size = min(cards, key=_worker_id).block_size or DEFAULT_BLOCK_SIZE
+        block_size = fleet.block_size
         hashes: Sequence[int] = ()
         overlaps: dict[str, int] = {}
+        groups: list[tuple[int, int]] = []
+        matcher = self.approx.index if self.uses_approx else self.sync.index
         if self.is_kv:
-            hashes = prefix_hashes(
-                gen.token_ids, block_size, lora_name=hints.lora_name, cache_salt=hints.cache_salt
-            )
-            matcher = self.approx.index if self.uses_approx else self.sync.index
-            overlaps = matcher.find_matches(hashes)
-            if not self.uses_approx:
-                overlaps = self._estimate_eventless(cards, hashes, overlaps)
+            hashes = self._hashes(gen, block_size, hints)
+            if sparse:
+                groups = matcher.match_groups(hashes)
+            else:
+                overlaps = matcher.find_matches(hashes)
+                if not self.uses_approx and fleet.eventless:
+                    overlaps = self._estimate_eventless(fleet.eventless, hashes, overlaps)
         prompt_tokens = len(gen.token_ids)
         prompt_blocks = -(-prompt_tokens // block_size)
         weight = hints.overlap_score_weight
@@ -173,12 +173,15 @@ class RoutingCore:
             weight=self.settings.overlap_weight if weight is None else weight,
             inflight=self.is_kv and self.settings.inflight_overlap,
         )
-        idle_workers, idle_cost = 0, 0.0
+        idle_workers, idle_cost, unlisted = 0, 0.0, 0
         if sparse:
-            candidates, idle_workers, idle_cost, chosen = self._sparse(scorer, cards, rng)
-            best = next(c for c in candidates if c.worker_id == chosen)
+            choice = choose_sparse(scorer, groups, matcher, fleet, rng)
+            candidates = choice.listed
+            idle_workers, idle_cost = choice.idle_workers, choice.idle_cost
+            unlisted = choice.unlisted_workers
+            best = next(c for c in candidates if c.worker_id == choice.worker_id)
         else:
-            cards.sort(key=_worker_id)
+            cards = fleet.cards
             check_busy = not pinned and self.settings.busy.enabled
             candidates = [
                 scorer.score(c.worker_id, check_busy and self._is_busy(c, now)) for c in cards
@@ -199,34 +202,36 @@ class RoutingCore:
             block_hashes=tuple(hashes),
             idle_workers=idle_workers,
             idle_cost=idle_cost,
+            unlisted_workers=unlisted,
         )
 
-    def _sparse(
-        self, scorer: Scorer, cards: Sequence[WorkerCard], rng: random.Random
-    ) -> tuple[list[Candidate], int, float, str]:
-        """The sparse choice, and what the decision lists: the scored workers and the chosen
-        one; the other idle workers are counted, at their shared cost."""
-        choice = choose_sparse(scorer, {c.worker_id for c in cards}, rng)
-        listed, idle_workers = choice.scored, choice.idle_workers
-        if all(c.worker_id != choice.worker_id for c in listed):
-            listed = sorted([*listed, scorer.score(choice.worker_id)], key=_worker_id)
-            idle_workers -= 1
-        return listed, idle_workers, choice.idle.cost if idle_workers else 0.0, choice.worker_id
+    @staticmethod
+    def _hashes(gen: Generate, block_size: int, hints: RoutingHints) -> Sequence[int]:
+        """The prompt's block hashes: the preprocessor's when they are at this block size
+        (extended over tokens appended since, as a migrated request's), else hashed here."""
+        lora, salt = hints.lora_name, hints.cache_salt
+        if gen.hash_block_size == block_size and gen.block_hashes:
+            return extend_prefix_hashes(
+                gen.token_ids, block_size, gen.block_hashes, lora_name=lora, cache_salt=salt
+            )
+        return prefix_hashes(gen.token_ids, block_size, lora_name=lora, cache_salt=salt)
 
     @property
     def mode_label(self) -> str:
         """The mode as decisions and metrics name it (``kv-approx`` without KV events)."""
         return "kv-approx" if self.uses_approx else self.settings.mode
 
-    def _candidates(self, gen: Generate, live: Sequence[WorkerCard]) -> list[WorkerCard]:
+    def _fleet(self, gen: Generate, live: Sequence[WorkerCard]) -> Fleet:
+        """The workers ``gen`` may go to (raises when there are none)."""
+        fleet = self._fleets.get(gen.model, live)
         if gen.worker_id is not None:
-            for card in live:
-                if card.worker_id == gen.worker_id:
-                    return [card]
-            raise NotFound(
-                f"worker {gen.worker_id} is not a live worker of model {gen.model}",
-                param="worker_id",
-            )
+            at = fleet.position.get(gen.worker_id)
+            if at is None:
+                raise NotFound(
+                    f"worker {gen.worker_id} is not a live worker of model {gen.model}",
+                    param="worker_id",
+                )
+            return Fleet.of([fleet.cards[at]])
         if self.settings.mode == "direct":
             raise InvalidRequest(
                 "router mode 'direct' needs a pinned worker "
@@ -234,13 +239,14 @@ class RoutingCore:
                 param="worker_id",
             )
         allowed = gen.routing.allowed_worker_ids if gen.routing is not None else None
-        live = allowed_workers(live, allowed)
-        if not live:
+        if allowed is not None:
+            fleet = Fleet.of(allowed_workers(fleet.cards, allowed))
+        if not fleet:
             among = " among nvext.allowed_worker_ids" if allowed is not None else ""
             raise NoWorkerAvailable(
                 f"no live worker serves model {gen.model}{among}", retry_after_s=1.0
             )
-        return list(live)
+        return fleet
 
     def _is_busy(self, card: WorkerCard, now: float) -> bool:
         thresholds = self.settings.busy
@@ -279,12 +285,9 @@ class RoutingCore:
         return eligible[pick([candidates[i].cost for i in eligible], temperature, rng)]
 
     def _estimate_eventless(
-        self, cards: Sequence[WorkerCard], hashes: Sequence[int], overlaps: dict[str, int]
+        self, eventless: Sequence[str], hashes: Sequence[int], overlaps: dict[str, int]
     ) -> dict[str, int]:
         """Overlaps of workers without KV events, from the approximate index."""
-        eventless = [c.worker_id for c in cards if not c.kv_events]
-        if not eventless:
-            return overlaps
         self.eventless.update(eventless)
         guessed = self.approx.index.find_matches(hashes)
         merged = dict(overlaps)

@@ -63,7 +63,7 @@ class EmbedRouting:
         nc: Client,
         subjects: Subjects,
         boundary: Boundary,
-        live: Callable[[str], list[WorkerCard]],
+        live: Callable[[str], Sequence[WorkerCard]],
         reports: WorkerReports,
         *,
         clock: Callable[[], float] = time.time,

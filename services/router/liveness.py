@@ -74,6 +74,10 @@ class Liveness:
         self._lost[worker_id] = now
         return True
 
+    def any_lost(self) -> bool:
+        """Whether some worker is counted lost (else no card needs ``is_lost``)."""
+        return bool(self._lost)
+
     def is_lost(self, card: WorkerCard) -> bool:
         """True while the card's last heartbeat is older than the worker's loss."""
         at = self._lost.get(card.worker_id)

@@ -15,7 +15,7 @@ ignored, so a busy mark expires when a worker stops reporting.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from shared.messages import WorkerLoad
@@ -36,8 +36,11 @@ class _Request:
 
 
 @dataclass(slots=True)
-class _Worker:
+class WorkerActivity:
+    """One worker's requests in flight, as the cost model reads them."""
+
     refs: dict[int, int] = field(default_factory=dict)
+    """Active block (sequence hash) -> how many requests hold it."""
     own_blocks: int = 0
     prefill_tokens: int = 0
     requests: int = 0
@@ -49,7 +52,7 @@ class ActiveLoad:
     def __init__(self, ttl_s: float = DEFAULT_REQUEST_TTL_S) -> None:
         self.ttl_s = ttl_s
         self._requests: dict[str, _Request] = {}  # insertion order = expiry order
-        self._workers: dict[str, _Worker] = {}
+        self._workers: dict[str, WorkerActivity] = {}
 
     def add(
         self,
@@ -73,7 +76,7 @@ class ActiveLoad:
         self._requests[request_id] = req
         worker = self._workers.get(worker_id)
         if worker is None:
-            worker = self._workers[worker_id] = _Worker()
+            worker = self._workers[worker_id] = WorkerActivity()
         refs = worker.refs
         for h in block_hashes:
             refs[h] = refs.get(h, 0) + 1
@@ -187,6 +190,10 @@ class ActiveLoad:
     def active_workers(self) -> Iterable[str]:
         """The workers with requests in flight (unordered; a view, not a copy)."""
         return self._workers.keys()
+
+    def activity(self) -> Mapping[str, WorkerActivity]:
+        """Every worker with requests in flight and its figures (a view: read, never change)."""
+        return self._workers
 
     def __len__(self) -> int:
         return len(self._requests)

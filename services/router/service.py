@@ -15,7 +15,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 import nats.errors
@@ -149,9 +149,13 @@ class Router:
     def service_metrics(self) -> ServiceMetrics:
         return self.metrics.base
 
-    def live(self, model: str) -> list[WorkerCard]:
-        """The live workers of ``model`` as this replica sees them (lost ones left out)."""
-        return [c for c in self._directory.live(model) if not self.liveness.is_lost(c)]
+    def live(self, model: str) -> Sequence[WorkerCard]:
+        """The live workers of ``model`` as this replica sees them (lost ones left out): the
+        directory's own list while none is lost, so the core's per-fleet state stays valid."""
+        cards = self._directory.live(model)
+        if not self.liveness.any_lost():
+            return cards
+        return [c for c in cards if not self.liveness.is_lost(c)]
 
     async def start(self) -> None:
         """Rebuild state (snapshot + stream), follow peers and workers, then take requests."""
@@ -245,7 +249,9 @@ class Router:
     async def _route(self, gen: Generate, tried: tuple[str, ...]) -> None:
         """Send ``gen`` to a live worker not in ``tried``; raises ``ServiceError`` if none."""
         now = self._clock()
-        live = [c for c in self.live(gen.model) if c.worker_id not in tried]
+        live = self.live(gen.model)
+        if tried:
+            live = [c for c in live if c.worker_id not in tried]
         decision = self.core.decide(gen, live, now=now, rng=self.rng_for(gen.request_id))
         self.core.commit(decision, now)
         routed = msgspec.structs.replace(gen, worker_id=decision.worker_id)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
 import nats.errors
 import structlog
 from nats.aio.msg import Msg
@@ -51,12 +53,30 @@ def is_live(card: WorkerCard, now: float, ttl_s: float) -> bool:
 
 
 @dataclass
+class _ModelView:
+    """One model's live cards, kept between calls while nothing can have changed them."""
+
+    cards: list[WorkerCard]
+    """By worker id; a heartbeat replaces its worker's card in place."""
+    at: dict[str, int]
+    """Worker id -> index in ``cards``."""
+    built_at: float
+    valid_until: float
+    """The first moment a listed card may have expired."""
+
+
+@dataclass
 class LiveWorkers:
     """Worker cards seen so far, by id. Pure: the clock is passed in.
 
     While the bucket cannot be watched (NATS down, the watch lost) no heartbeat can be seen,
     so that time does not count against a card: otherwise an outage longer than the TTL would
     look like every worker dying at once.
+
+    ``for_model`` is asked once per request, so it keeps each model's list between calls: a
+    card that arrives or leaves, a change of blind state, or the first expiry of a listed card
+    rebuilds it; a heartbeat only replaces its card in the list. A thousand workers cost one
+    walk per change, not one per request.
     """
 
     ttl_s: float
@@ -65,18 +85,36 @@ class LiveWorkers:
     """Past spans of time when the bucket could not be watched."""
     blind_since: float | None = None
     """When the current blind span began (``None`` = watching)."""
+    _views: dict[str, _ModelView] = field(default_factory=dict, repr=False)
 
     def put(self, card: WorkerCard) -> None:
+        old = self.cards.get(card.worker_id)
         self.cards[card.worker_id] = card
+        view = self._views.get(card.model)
+        if view is not None and old is not None and _same_but_heartbeat(old, card):
+            at = view.at.get(card.worker_id)
+            if at is not None:  # listed, and stays so a while longer
+                view.cards[at] = card
+                return
+        self._forget(card, old)
 
     def remove(self, worker_id: str) -> WorkerCard | None:
-        return self.cards.pop(worker_id, None)
+        old = self.cards.pop(worker_id, None)
+        if old is not None:
+            self._forget(old)
+        return old
+
+    def _forget(self, *cards: WorkerCard | None) -> None:
+        for card in cards:
+            if card is not None:
+                self._views.pop(card.model, None)
 
     def go_blind(self, now: float) -> bool:
         """The bucket cannot be watched from ``now``; True when it could until now."""
         if self.blind_since is not None:
             return False
         self.blind_since = now
+        self._views.clear()
         return True
 
     def see(self, now: float) -> bool:
@@ -86,6 +124,7 @@ class LiveWorkers:
         self.blind.append((self.blind_since, now))
         del self.blind[:-MAX_BLIND_SPANS]
         self.blind_since = None
+        self._views.clear()
         return True
 
     def age(self, card: WorkerCard, now: float) -> float:
@@ -101,15 +140,46 @@ class LiveWorkers:
         return self.age(card, now) < self.ttl_s
 
     def for_model(self, model: str, now: float) -> list[WorkerCard]:
-        """Live workers serving ``model``, ordered by worker id (stable for round-robin)."""
-        return sorted(
+        """Live workers serving ``model``, ordered by worker id (stable for round-robin).
+
+        The same list object while the model's live workers stay the same (routers key their
+        per-fleet state on it): read it, never change it.
+        """
+        view = self._views.get(model)
+        if view is None or not view.built_at <= now < view.valid_until:
+            view = self._build(model, now)
+        return view.cards
+
+    def _build(self, model: str, now: float) -> _ModelView:
+        live = sorted(
             (c for c in self.cards.values() if c.model == model and self.is_live(c, now)),
             key=lambda c: c.worker_id,
         )
+        # Ages grow with time only while watching: blind, rebuild on every call.
+        if self.blind_since is not None:
+            valid_until = now
+        else:
+            valid_until = min((now + self.ttl_s - self.age(c, now) for c in live), default=math.inf)
+        view = _ModelView(
+            cards=live,
+            at={c.worker_id: i for i, c in enumerate(live)},
+            built_at=now,
+            valid_until=valid_until,
+        )
+        self._views[model] = view
+        return view
 
     def models(self, now: float) -> set[str]:
         """Models with at least one live worker."""
         return {c.model for c in self.cards.values() if self.is_live(c, now)}
+
+
+def _same_but_heartbeat(old: WorkerCard, new: WorkerCard) -> bool:
+    """A heartbeat: the same worker, settings and start, a later beat."""
+    return (
+        new.heartbeat_at >= old.heartbeat_at
+        and msgspec.structs.replace(old, heartbeat_at=new.heartbeat_at) == new
+    )
 
 
 class WorkerDirectory:

@@ -37,7 +37,9 @@ def model_created(model_dir: Path) -> int:
     return int(max(times, default=model_dir.stat().st_mtime))
 
 
-def model_card(config: WorkerConfig, model_dir: Path, *, context: int = 0) -> ModelCard:
+def model_card(
+    config: WorkerConfig, model_dir: Path, *, context: int = 0, block_size: int = 0
+) -> ModelCard:
     """The card of the served model, from its directory and the worker's settings."""
     tool_parser, reasoning_parser = config.parsers()
     return ModelCard(
@@ -47,6 +49,7 @@ def model_card(config: WorkerConfig, model_dir: Path, *, context: int = 0) -> Mo
         created=model_created(model_dir),
         tool_parser=tool_parser,
         reasoning_parser=reasoning_parser,
+        kv_block_size=block_size,
     )
 
 
@@ -99,7 +102,10 @@ class WorkerProcess:
         for worker in workers:
             await worker.prepare()
         # The model's card first (with the engine's context length), then the workers' cards.
-        card = model_card(self.config, model_dir, context=workers[0].context_length)
+        first = workers[0]
+        card = model_card(
+            self.config, model_dir, context=first.context_length, block_size=first.block_size
+        )
         await publish_model(js, self._subjects, card, model_dir, replicas=replicas)
         for worker in workers:
             await worker.start()

@@ -87,6 +87,8 @@ class WorkerRuntime:
         self._boundary = Boundary(nc, metrics.service)
         self.engine = engine
         self.context_length = 0
+        self.block_size = 0
+        """The engine's KV block size, known once ``prepare`` has run."""
         """The engine's context length (known once started)."""
         self.publisher = WorkerPublisher(
             nc,
@@ -119,6 +121,7 @@ class WorkerRuntime:
             return
         facts = await self.engine.start()
         self.context_length = self._config.context_length or facts.context_length
+        self.block_size = facts.block_size
         card = WorkerCard(
             worker_id=self.worker_id,
             model=self._config.model_name,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import msgspec
@@ -18,6 +19,7 @@ from services.preprocessor.prepare import (
 )
 from services.preprocessor.tokenizer import ModelAssets
 from shared.errors import ContextLengthExceeded, InvalidRequest
+from shared.hashing import prefix_hashes
 from shared.messages import OutputOptions, Preprocess, RoutingHints, SamplingParams
 
 from .conftest import QWEN, QWEN_EOS
@@ -207,6 +209,8 @@ class TestMessages:
             "resumed_tokens": 0,
             "reply_to": req.reply_to,
             "attempt": 0,
+            "block_hashes": (),
+            "hash_block_size": 0,
         }
 
     def test_stream_open_carries_the_generate_when_migration_is_on(
@@ -235,6 +239,19 @@ class TestMessages:
         req = msgspec.structs.replace(request(max_tokens=7), worker_id="w-1", routing=hints)
         message = generate(req, prepare(req, qwen_assets), "fmt.r1")
         assert (message.worker_id, message.routing) == ("w-1", hints)
+
+    def test_with_the_model_s_block_size_the_prompt_is_hashed_once_for_the_router(
+        self, qwen_assets: ModelAssets
+    ) -> None:
+        hashed = dataclasses.replace(qwen_assets, kv_block_size=4)
+        hints = RoutingHints(cache_salt="tenant-a")
+        req = msgspec.structs.replace(request(max_tokens=7), routing=hints)
+        message = generate(req, prepare(req, hashed), "fmt.r1")
+        assert len(message.token_ids) >= 8
+        assert message.hash_block_size == 4
+        assert list(message.block_hashes) == prefix_hashes(
+            message.token_ids, 4, cache_salt="tenant-a"
+        )
 
     def test_prompt_chars_counts_text_parts(self) -> None:
         content = [{"type": "text", "text": "abc"}, {"type": "text", "text": "de"}]

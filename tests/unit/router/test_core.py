@@ -57,6 +57,23 @@ class TestKvRouting:
         assert decision.mode == "kv"
         assert [c.worker_id for c in decision.candidates] == ["w1", "w2", "w3"]
 
+    def test_hashes_made_upstream_are_used_and_extended_not_trusted_blindly(self) -> None:
+        core = _core()
+        salt = RoutingHints(cache_salt="t")
+        core.sync.index.store("w2", prefix_hashes(PREFIX, 16, cache_salt="t"))
+        cards = _cards("w1", "w2", "w3")
+        # The preprocessor's hashes, of the whole prompt or of a prefix of it (a migration
+        # appended tokens); at another block size they are ignored and the router hashes.
+        for known, size in (
+            (prefix_hashes(PREFIX, 16, cache_salt="t"), 16),
+            (prefix_hashes(PREFIX[:40], 16, cache_salt="t"), 16),
+            (prefix_hashes(PREFIX, 8, cache_salt="t"), 8),
+        ):
+            gen = _gen(routing=salt, block_hashes=tuple(known), hash_block_size=size)
+            decision = core.decide(gen, cards, now=0, rng=RNG)
+            assert (decision.worker_id, decision.overlap_blocks) == ("w2", 8)
+            assert list(decision.block_hashes) == prefix_hashes(PREFIX, 16, cache_salt="t")
+
     def test_load_outweighs_a_small_overlap(self) -> None:
         core = _core()
         core.sync.index.store("w1", prefix_hashes(PREFIX, 16)[:1])

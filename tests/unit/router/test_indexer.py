@@ -69,6 +69,18 @@ class TestRadixIndex:
         assert index.num_nodes == 3
         assert index.find_matches(H) == {"b": 3}
 
+    def test_a_departed_worker_s_slot_is_reused_without_its_blocks(self) -> None:
+        index = RadixIndex()
+        index.store("a", H)
+        index.store("b", H[:2])
+        fleet = ("a", "b")
+        assert index.ids(index.bits_cached(fleet, fleet)) == ["a", "b"]
+        index.remove_worker("a")
+        index.store("c", H[:1])  # takes a's slot
+        assert index.find_matches(H) == {"b": 2, "c": 1}
+        assert index.match_groups(H) == [(1, index.bits(["c"])), (2, index.bits(["b"]))]
+        assert sorted(index.ids(index.bits_cached(fleet, fleet))) == ["b"]  # a is gone
+
     def test_nodes_without_workers_are_dropped(self) -> None:
         index = RadixIndex()
         index.store("a", H)

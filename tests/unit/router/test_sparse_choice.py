@@ -1,7 +1,7 @@
-"""The sparse decision (``scoring.choose_sparse``: only workers with state scored one by one)
-picks the same worker, with the same use of the random generator, as scoring every worker
-(``RoutingCore.decide_exhaustive``), on random fleets, caches, loads and prompts; and what it
-lists agrees with the exhaustive candidates (the rest are idle workers at the idle cost)."""
+"""The sparse decision (``scoring.choose_sparse``: only workers with requests in flight costed
+one by one) picks the same worker, with the same use of the random generator, as scoring every
+worker (``RoutingCore.decide_exhaustive``), on random fleets, caches, loads and prompts; and
+what it lists and counts agrees with the exhaustive candidates."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.router.core import LIST_ALL_UP_TO, CoreSettings, RoutingCore
+from services.router.scoring import LISTED
 from services.router.sync import KvSync
 from shared.hashing import prefix_hashes
 from shared.messages import (
@@ -43,7 +44,7 @@ def _gen(request_id: str, tokens: list[int], weight: float | None = None) -> Gen
 def scenes(draw: st.DrawFn) -> tuple[RoutingCore, list[WorkerCard], Generate, int]:
     """A fleet, its caches (KV events), its active load (decisions committed, some prefills
     done, some freed), and a prompt that may share a prefix with what is cached."""
-    n = draw(st.sampled_from([1, 2, 3, 5, 8, LIST_ALL_UP_TO, LIST_ALL_UP_TO + 1, 60, 150]))
+    n = draw(st.sampled_from([1, 2, 3, 5, 8, LIST_ALL_UP_TO, LIST_ALL_UP_TO + 1, 40, 60, 150]))
     rng = random.Random(draw(st.integers(0, 2**32)))
     bases = [[rng.randrange(1, 50) for _ in range(64)] for _ in range(3)]  # few tokens: ties
     inflight = draw(st.booleans())
@@ -94,10 +95,17 @@ def test_sparse_and_exhaustive_pick_the_same_worker(
     )
     by_id = {c.worker_id: c for c in every.candidates}
     assert all(by_id[c.worker_id] == c for c in sparse.candidates)
-    assert len(sparse.candidates) + sparse.idle_workers == len(every.candidates)
+    assert sparse.worker_id in {c.worker_id for c in sparse.candidates}
+    assert len(sparse.candidates) <= max(LISTED, LIST_ALL_UP_TO if len(cards) <= 32 else 0)
+    assert len(sparse.candidates) + sparse.idle_workers + sparse.unlisted_workers == len(
+        every.candidates
+    )
     listed = {c.worker_id for c in sparse.candidates}
-    idle_costs = {c.cost for c in every.candidates if c.worker_id not in listed}
-    assert idle_costs <= {sparse.idle_cost}
+    rest = sorted(c.cost for c in every.candidates if c.worker_id not in listed)
+    for _ in range(sparse.idle_workers):  # the idle ones, at the idle cost
+        rest.remove(sparse.idle_cost)
+    dearest = max(c.cost for c in sparse.candidates)
+    assert all(cost >= dearest for cost in rest)  # the unlisted ones with state
     if len(cards) <= LIST_ALL_UP_TO:
         assert sparse == every  # a small fleet's decision lists everyone, as before
 

@@ -3,6 +3,7 @@
 from shared.hashing import (
     SEED,
     block_hash,
+    extend_prefix_hashes,
     local_block_hashes,
     prefix_hashes,
     salted_seed,
@@ -84,3 +85,14 @@ def test_prefix_hashes_chain_salted_local_hashes_with_seed_1337() -> None:
 
 def test_block_hash_of_a_tuple_equals_the_list_form() -> None:
     assert block_hash((1, 2, 3, 4)) == block_hash([1, 2, 3, 4]) == 14643705804678351452
+
+
+def test_extending_known_hashes_gives_the_whole_prompt_s_hashes() -> None:
+    tokens = list(range(1, 60))
+    for salt in (None, "tenant"):
+        whole = prefix_hashes(tokens, 4, cache_salt=salt)
+        for cut in (0, 4, 13, 40, 59):  # hashes of a prefix (a migrated request's original)
+            known = prefix_hashes(tokens[:cut], 4, cache_salt=salt)
+            assert list(extend_prefix_hashes(tokens, 4, known, cache_salt=salt)) == whole
+    longer = prefix_hashes([*tokens, 7, 7, 7, 7, 7], 4)
+    assert list(extend_prefix_hashes(tokens, 4, longer)) == prefix_hashes(tokens, 4)

@@ -63,3 +63,42 @@ def test_only_the_latest_blind_spans_are_kept() -> None:
         view.go_blind(float(t))
         view.see(t + 0.5)
     assert view.blind == [(t, t + 0.5) for t in range(20 - MAX_BLIND_SPANS, 20)]
+
+
+def test_the_list_is_kept_between_calls_and_a_heartbeat_updates_it_in_place() -> None:
+    view = _view(0.0, 1.0)
+    first = view.for_model("m", 2.0)
+    assert view.for_model("m", 3.0) is first
+    view.put(WorkerCard(worker_id="w0", model="m", heartbeat_at=4.0))
+    assert view.for_model("m", 5.0) is first
+    assert first[0].heartbeat_at == 4.0
+
+
+def test_the_list_is_rebuilt_when_a_worker_comes_leaves_or_expires() -> None:
+    view = _view(0.0, 1.0)
+    first = view.for_model("m", 2.0)
+    view.put(WorkerCard(worker_id="w2", model="m", heartbeat_at=2.0))
+    second = view.for_model("m", 2.0)
+    assert second is not first
+    assert _live(view, 2.0) == ["w0", "w1", "w2"]
+    view.remove("w1")
+    assert _live(view, 2.0) == ["w0", "w2"]
+    assert _live(view, 10.0) == ["w2"]  # w0's beat at 0 is 10 s old: expired, not cached
+    view.put(WorkerCard(worker_id="w2", model="m", heartbeat_at=2.0, block_size=32))
+    assert view.for_model("m", 10.0)[0].block_size == 32  # not a heartbeat: rebuilt
+
+
+def test_an_expired_card_that_beats_again_is_listed_again() -> None:
+    view = _view(0.0)
+    assert _live(view, 11.0) == []
+    view.put(WorkerCard(worker_id="w0", model="m", heartbeat_at=11.0))
+    assert _live(view, 11.5) == ["w0"]
+
+
+def test_other_models_are_not_listed_and_blindness_rebuilds() -> None:
+    view = _view(0.0)
+    view.put(WorkerCard(worker_id="x", model="other", heartbeat_at=0.0))
+    first = view.for_model("m", 1.0)
+    view.go_blind(2.0)
+    assert view.for_model("m", 30.0) is not first
+    assert _live(view, 30.0) == ["w0"]
