@@ -2,6 +2,7 @@
 
     python -m bench.serving [--workloads a b] [--protocols http grpc grpc-grpcio] [--http-api ...]
                             [--router-mode round-robin] [--url URL --grpc HOST:PORT --pids n=pid]
+                            [--dynamo auto|on|off] [--rounds 3]
 
 (a) c=1, 200 requests, 32 output tokens; (b) c=64, 2000 requests, 64 output tokens; streaming,
 ``ignore_eos`` so every request yields exactly ``max_tokens``. Each workload runs once per
@@ -11,6 +12,10 @@ requests one after another on it) from two clients: ``grpc`` is grpclib's (async
 as the raw HTTP client), ``grpc-grpcio`` the stock one (grpc core, what Triton users run); the
 same prompts, one JSON line each with ``"protocol"``.
 CPU per request is read from /proc for every process of the stack and for this client.
+
+Then (not with ``--url``), unless ``--dynamo off``: ``bench.side_by_side``, workload (a) with
+the kit's own client, Dynamo and JetServe alternated for ``--rounds`` (JetServe alone, after one
+line saying so, where the ``../shared/bench`` kit is not installed).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from bench import side_by_side
 from bench.grpcclient import CLIENTS, LoopStreamClient
 from bench.httpclient import Connection, Record
 from services.cli.stack import Stack, StackConfig
@@ -317,6 +323,7 @@ def main() -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL_NAME)
     parser.add_argument("--pids", nargs="*", default=[], help="name=pid pairs to charge CPU to")
     parser.add_argument("--repeat", type=int, default=1)
+    side_by_side.add_options(parser)
     args = parser.parse_args()
     names = [w for w in args.workloads for _ in range(args.repeat)]
     options = {"protocols": args.protocols, "http_api": args.http_api}
@@ -351,6 +358,10 @@ def main() -> None:
     finally:
         stack.stop()
         stack.remove_run_dir()
+    if args.dynamo != "off":
+        code = side_by_side.main(["--dynamo", args.dynamo, "--rounds", str(args.rounds)])
+        if code:
+            raise SystemExit(code)
 
 
 if __name__ == "__main__":
