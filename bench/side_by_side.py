@@ -149,7 +149,9 @@ def dynamo_up(kit: Kit, work: Path, model_name: str) -> Iterator[Running]:
         )
 
 
-def jetserve_argv(model_dir: Path, model_name: str, run_dir: Path) -> list[str]:
+def jetserve_argv(
+    model_dir: Path, model_name: str, run_dir: Path, router_mode: str = "round-robin"
+) -> list[str]:
     """``jetserve up`` as a user types it, matched to the kit's set-up (a) and (b)."""
     script = Path(sys.executable).with_name("jetserve")
     launcher = [str(script)] if script.exists() else [sys.executable, "-m", "services.cli"]
@@ -163,7 +165,7 @@ def jetserve_argv(model_dir: Path, model_name: str, run_dir: Path) -> list[str]:
         "--workers",
         "2",
         "--router-mode",
-        "round-robin",
+        router_mode,
         "--mocker-speedup-ratio",
         "0",
         "--model-path",
@@ -178,13 +180,15 @@ def jetserve_argv(model_dir: Path, model_name: str, run_dir: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def jetserve_up(model_dir: Path, work: Path, model_name: str) -> Iterator[Running]:
+def jetserve_up(
+    model_dir: Path, work: Path, model_name: str, router_mode: str = "round-robin"
+) -> Iterator[Running]:
     """``jetserve up``, ready at its UP line; SIGINT to the launcher after, and wait."""
     run_dir = work / "jetserve"
     log_path = work / "jetserve-up.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            jetserve_argv(model_dir, model_name, run_dir),
+            jetserve_argv(model_dir, model_name, run_dir, router_mode),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
