@@ -460,6 +460,9 @@ class CommonConfig:
 
     SERVICE: ClassVar[str] = ""
     DESCRIPTION: ClassVar[str] = ""
+    NO_ECHO: ClassVar[bool] = False
+    """The service never needs a message it published itself: the server does not send them
+    back (``no_echo``), so its own broadcasts cost it no wake-up."""
 
     nats_url: str = setting(
         DEFAULT_NATS_URL,

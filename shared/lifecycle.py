@@ -65,6 +65,7 @@ async def serving(
             name=f"jetserve-{name}",
             on_back=on_back,
             inbox_prefix=inbox_prefix(name),
+            no_echo=config.NO_ECHO,
             **config.nats_auth().connect_options(),
         )
         stack.push_async_callback(_drain, nc)

@@ -616,7 +616,8 @@ class RouteDecision(Message, frozen=True):
     idle_cost: float = 0.0
     unlisted_workers: int = 0
     """Live workers not in ``candidates`` with an overlap or requests in flight; none costs
-    less than a listed one."""
+    less than a listed one. (Round-robin and random beyond 32 workers list the chosen one
+    only: every other worker is counted here.)"""
 
 
 # --- embeddings (issue 10: /v1/embeddings) -----------------------------------------------------

@@ -378,7 +378,7 @@ class Stack:
         )
         if out is not None and not isinstance(out, int):
             out.close()
-        (self.run_dir / f"{name}.pid").write_text(str(proc.pid))
+        _write_atomically(self.run_dir / f"{name}.pid", str(proc.pid))
         return Child(name, proc, log_path, cmd, notifies)
 
     def _check_alive(self) -> None:
@@ -468,3 +468,11 @@ def _groups(children: list[Child]) -> list[list[Child]]:
     for child in children:
         groups.setdefault(_stop_rank(child), []).append(child)
     return [groups[k] for k in sorted(groups)]
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` whole: a reader (a script, a benchmark reading a restarted service's
+    pid file) sees the old text or the new, never an empty file half-way."""
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(text)
+    part.replace(path)

@@ -24,6 +24,7 @@ class RouterConfig(CommonConfig):
 
     SERVICE = "router"
     DESCRIPTION = "Route requests to workers."
+    NO_ECHO = True  # its own decisions and worker-lost notices (it skips them anyway)
 
     router_mode: str = setting("round-robin", "Worker selection policy", choices=ROUTER_MODES)
     worker_ttl_s: float = setting(

@@ -180,6 +180,15 @@ class RoutingCore:
             idle_workers, idle_cost = choice.idle_workers, choice.idle_cost
             unlisted = choice.unlisted_workers
             best = next(c for c in candidates if c.worker_id == choice.worker_id)
+        elif self._policy is not None and not pinned and not self.settings.busy.enabled:
+            # round-robin / random: the policy picks; costs are only shown (a small fleet's all)
+            chosen = self._policy.choose(gen, fleet.cards).worker_id
+            if len(fleet) <= LIST_ALL_UP_TO:
+                candidates = [scorer.score(w) for w in fleet.ids]
+            else:
+                candidates = [scorer.score(chosen)]
+                unlisted = len(fleet) - 1
+            best = next(c for c in candidates if c.worker_id == chosen)
         else:
             cards = fleet.cards
             check_busy = not pinned and self.settings.busy.enabled

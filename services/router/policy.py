@@ -6,11 +6,14 @@ names one; ``RoutingCore`` handles what every mode shares (empty pools, pinned w
 
 from __future__ import annotations
 
+import operator
 import random
 from collections.abc import Sequence
 from typing import Protocol
 
 from shared.messages import Generate, WorkerCard
+
+_worker_id = operator.attrgetter("worker_id")
 
 
 class Policy(Protocol):
@@ -30,7 +33,7 @@ class RoundRobin:
         self._cursors: dict[str, int] = {}
 
     def choose(self, request: Generate, workers: Sequence[WorkerCard]) -> WorkerCard:
-        ordered = sorted(workers, key=lambda w: w.worker_id)
+        ordered = sorted(workers, key=_worker_id)  # already sorted: one linear pass
         cursor = self._cursors.get(request.model, 0)
         self._cursors[request.model] = cursor + 1
         return ordered[cursor % len(ordered)]
@@ -45,7 +48,7 @@ class Random:
         self._rng = random.Random(seed)
 
     def choose(self, request: Generate, workers: Sequence[WorkerCard]) -> WorkerCard:
-        return self._rng.choice(sorted(workers, key=lambda w: w.worker_id))
+        return self._rng.choice(sorted(workers, key=_worker_id))
 
 
 def build_policy(mode: str, *, seed: int | None = None) -> Policy:

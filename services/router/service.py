@@ -253,13 +253,18 @@ class Router:
         if tried:
             live = [c for c in live if c.worker_id not in tried]
         decision = self.core.decide(gen, live, now=now, rng=self.rng_for(gen.request_id))
-        self.core.commit(decision, now)
-        routed = msgspec.structs.replace(gen, worker_id=decision.worker_id)
+        # The block hashes were for routing: the worker's engine hashes in its own way.
+        routed = msgspec.structs.replace(
+            gen, worker_id=decision.worker_id, block_hashes=(), hash_block_size=0
+        )
         # A worker gone since its last heartbeat bounces this back: retry another one.
         reply = self._bounces.reply_for(gen.request_id, (gen, (*tried, decision.worker_id)))
         await self._nc.publish(
             self._subjects.generate(decision.worker_id), codec.encode(routed), reply=reply
         )
+        # The bookkeeping after the request is on its way (the publish above does not wait
+        # while the socket keeps up, so no other decision comes in between).
+        self.core.commit(decision, now)
         await self._nc.publish(self._subjects.decisions, codec.encode(decision))
         self.metrics.decisions.labels(decision.mode).inc()
         self.metrics.overlap_blocks.observe(decision.overlap_blocks)

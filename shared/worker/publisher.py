@@ -37,7 +37,10 @@ MAX_RETRY_DELAY_S = 1.0
 KV_BATCH_LINGER_S = 0.005
 """Wait this long after the first new event before sealing a batch: one JetStream publish and
 ack costs ~120 µs of CPU, so at speedup 0 a worker stores at most ~200 batches/s, not one per
-step. Routers see a new block at most this much later (plus the ack round trip)."""
+step. Routers see a new block at most this much later (plus the ack round trip). A worker that
+goes idle stores at once (``idle``): nothing more is coming to gather, and a one-at-a-time
+client's next request would otherwise meet the store and its ack halfway through its first
+token's path."""
 LOAD_INTERVAL_S = 0.05
 """Load goes out on change at most this often (and at once when the worker goes idle)."""
 
@@ -68,6 +71,8 @@ class WorkerPublisher:
         self._load = LoadReporter(LOAD_INTERVAL_S)
         self._incarnation = secrets.token_hex(4)
         self._wake = asyncio.Event()
+        self._now = asyncio.Event()
+        """Store without lingering (the worker went idle)."""
         self._is_closing = False
         self._sub: Subscription | None = None
         self._task: asyncio.Task[None] | None = None
@@ -85,6 +90,7 @@ class WorkerPublisher:
         """Send what is left (bounded), then stop answering dumps."""
         self._is_closing = True
         self._wake.set()
+        self._now.set()  # cut a linger short
         if self._task is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
@@ -105,6 +111,11 @@ class WorkerPublisher:
         if events:
             self.events.add(events)
             self._wake.set()
+
+    def idle(self) -> None:
+        """The engine has no work: store the events gathered so far without lingering."""
+        if len(self.events):
+            self._now.set()
 
     async def phase(self, request_id: str, phase: Literal["prefill_done", "finished"]) -> None:
         """Publish ``RequestPhase`` (core NATS) so routers move the request's load."""
@@ -167,9 +178,11 @@ class WorkerPublisher:
         delay_s = 0.05
         while not (self._is_closing and not len(self.events)):
             await self._wake.wait()
-            if not self._is_closing:
-                await asyncio.sleep(KV_BATCH_LINGER_S)  # gather a few steps into one batch
+            if not self._is_closing and not self._now.is_set():
+                with contextlib.suppress(TimeoutError):  # gather a few steps into one batch
+                    await asyncio.wait_for(self._now.wait(), KV_BATCH_LINGER_S)
             self._wake.clear()
+            self._now.clear()
             self.events.seal(time.time())  # events arriving while this is stored wait a linger
             while (batch := self.events.oldest()) is not None:
                 headers = {"Nats-Msg-Id": f"{self.worker_id}:{self._incarnation}:{batch.event_id}"}

@@ -310,6 +310,7 @@ class WorkerRuntime:
                 await self._fail_all()
             if not self.engine.has_work:
                 self._idle.set()
+                self.publisher.idle()
                 await self.publisher.report_load(is_idle=True)
 
     # --- EmissionSink: what the engine's run hands over ---------------------------------------

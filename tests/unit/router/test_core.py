@@ -167,6 +167,20 @@ class TestInflightOverlap:
             picks.add(decision.worker_id)
         assert picks == {"w1", "w2"}  # equal costs: the prefix in flight on w1 earns nothing
 
+    def test_round_robin_over_a_large_fleet_cycles_in_id_order_and_lists_the_chosen(
+        self,
+    ) -> None:
+        core = RoutingCore(CoreSettings(mode="round-robin"))
+        cards = _cards(*(f"w{i:03d}" for i in range(100)))
+        random.Random(3).shuffle(cards)
+        picks = []
+        for i in range(101):
+            decision = core.decide(_gen(f"r{i}"), cards, now=0, rng=RNG)
+            assert [c.worker_id for c in decision.candidates] == [decision.worker_id]
+            assert decision.unlisted_workers == 99
+            picks.append(decision.worker_id)
+        assert picks == [f"w{i:03d}" for i in range(100)] + ["w000"]
+
     def test_round_robin_reports_none(self) -> None:
         core = RoutingCore(CoreSettings(mode="round-robin"))
         core.commit(core.decide(_gen("a"), _cards("w1"), now=0, rng=RNG), 0)
