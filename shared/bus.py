@@ -17,8 +17,6 @@ from nats.aio.subscription import Subscription
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from shared.nats_client import Client as DirectClient
-
 log = structlog.get_logger(__name__)
 
 CONNECT_TIMEOUT_S = 2.0
@@ -69,22 +67,22 @@ async def connect(
             await on_back()
 
     servers = [s.strip() for s in url.split(",") if s.strip()]
-    options: dict[str, Any] = {  # nats-py's annotations say int for what takes seconds
-        "name": name,
-        "connect_timeout": CONNECT_TIMEOUT_S,
-        "max_reconnect_attempts": -1,
-        "reconnect_time_wait": RECONNECT_WAIT_S,
-        "ping_interval": PING_INTERVAL_S,
-        "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
-        "allow_reconnect": True,
-        "error_cb": on_error,
-        "disconnected_cb": on_disconnected,
-        "reconnected_cb": on_reconnected,
-        "pending_size": 64 * 1024 * 1024,
-        "flusher_queue_size": 4096,
-    }
-    nc = DirectClient()
-    await nc.connect(servers, **options, **kwargs)
+    nc = await nats.connect(
+        servers,
+        name=name,
+        connect_timeout=CONNECT_TIMEOUT_S,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=RECONNECT_WAIT_S,
+        ping_interval=PING_INTERVAL_S,
+        max_outstanding_pings=MAX_OUTSTANDING_PINGS,
+        allow_reconnect=True,
+        error_cb=on_error,
+        disconnected_cb=on_disconnected,
+        reconnected_cb=on_reconnected,
+        pending_size=64 * 1024 * 1024,
+        flusher_queue_size=4096,
+        **kwargs,
+    )
     return nc
 
 
