@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-engines test-vllm bench-gpu _test-all test-unit test-integration test-e2e test-chaos test-compose test-containers images-local up down lint fmt typecheck proto bench bench-c1 bench-hops bench-gateway bench-burst bench-routing config-doc clean
+.PHONY: help install run test test-engines test-vllm bench-gpu _test-all test-unit test-integration test-e2e test-chaos test-compose test-containers images-local up down lint fmt typecheck proto bench bench-c1 bench-hops bench-ab bench-gateway bench-burst bench-routing config-doc clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-18s %s\n",$$1,$$2}'
@@ -105,6 +105,9 @@ bench: $(STAMP) ## serving benchmark: c=1 and c=64 with speedup 0, HTTP and gRPC
 
 bench-c1: $(STAMP) ## c=1 TTFT p50/p99 + CPU/request/process, JetServe vs Dynamo (../shared/bench kit) alternated, --rounds 3
 	$(PY) -m bench.side_by_side $(ARGS)
+
+bench-ab: $(STAMP) ## interleaved A/B: two trees (DIR_A, DIR_B) or one env var (VAR, A, B), optionally Dynamo (DYN=1), all up at once
+	bash bench/interleaved.sh
 
 bench-hops: $(STAMP) ## c=1 per-hop latency budget: hop deltas, NATS messages/request by subject, CPU/process, observer on vs off
 	$(PY) -m bench.hops $(ARGS)

@@ -62,6 +62,18 @@ CLIENT_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
 
 
+def _run_checked(
+    argv: list[str], what: str, timeout_s: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` from the repository root, output captured; raise with its stderr's tail."""
+    result = subprocess.run(
+        argv, env=env, capture_output=True, text=True, timeout=timeout_s, check=False, cwd=ROOT
+    )
+    if result.returncode:
+        raise RuntimeError(f"{what} exited {result.returncode}: {result.stderr[-1500:]}")
+    return result
+
+
 @dataclass(frozen=True, slots=True)
 class Kit:
     """Where the reference kit's files are; ``missing()`` says what is not there."""
@@ -128,16 +140,9 @@ def dynamo_up(kit: Kit, work: Path, model_name: str) -> Iterator[Running]:
         "SPEEDUP": "1000000",
     }
     try:
-        up = subprocess.run(
-            ["bash", str(kit.dir / "dynamo_up.sh")],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=START_TIMEOUT_S,
-            check=False,
+        _run_checked(
+            ["bash", str(kit.dir / "dynamo_up.sh")], "dynamo_up.sh", START_TIMEOUT_S, env=env
         )
-        if up.returncode:
-            raise RuntimeError(f"dynamo_up.sh failed ({up.returncode}): {up.stderr[-1500:]}")
         yield Running(url=f"http://127.0.0.1:{http_port}", pid_dir=run_dir)
     finally:
         subprocess.run(
@@ -312,16 +317,9 @@ def measure(
         with started as running:
             time.sleep(pause_s)
             load1 = os.getloadavg()[0]
-            result = subprocess.run(
-                client_argv(running, client, model_name, label),
-                capture_output=True,
-                text=True,
-                timeout=CLIENT_TIMEOUT_S,
-                check=False,
-                cwd=ROOT,
+            result = _run_checked(
+                client_argv(running, client, model_name, label), "the client", CLIENT_TIMEOUT_S
             )
-        if result.returncode:
-            raise RuntimeError(f"client exited {result.returncode}: {result.stderr[-1500:]}")
         return run_line(system, round_no, parse_summary(result.stdout), load1)
 
 
