@@ -116,15 +116,13 @@ class RoutingCore:
         """
         fleet = self._fleet(gen, live)
         hints = gen.routing or _NO_HINTS
-        temperature = hints.router_temperature
-        temperature = self.settings.temperature if temperature is None else temperature
         sparse = (
             self.is_kv
             and len(fleet) > LIST_ALL_UP_TO
             and (self.uses_approx or not fleet.eventless)
             and gen.worker_id is None
             and not self.settings.busy.enabled
-            and temperature <= 0.0
+            and self._temperature(hints) <= 0.0
         )
         return self._decide(gen, fleet, hints, now, rng, sparse=sparse)
 
@@ -289,9 +287,13 @@ class RoutingCore:
             assert self._policy is not None
             card = self._policy.choose(gen, [cards[i] for i in eligible])
             return next(i for i in eligible if cards[i].worker_id == card.worker_id)
+        costs = [candidates[i].cost for i in eligible]
+        return eligible[pick(costs, self._temperature(hints), rng)]
+
+    def _temperature(self, hints: RoutingHints) -> float:
+        """The request's router temperature, else the router's."""
         temperature = hints.router_temperature
-        temperature = self.settings.temperature if temperature is None else temperature
-        return eligible[pick([candidates[i].cost for i in eligible], temperature, rng)]
+        return self.settings.temperature if temperature is None else temperature
 
     def _estimate_eventless(
         self, eventless: Sequence[str], hashes: Sequence[int], overlaps: dict[str, int]

@@ -15,7 +15,7 @@ ignored, so a busy mark expires when a worker stops reporting.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from shared.messages import WorkerLoad
@@ -186,10 +186,6 @@ class ActiveLoad:
 
     def workers(self) -> list[str]:
         return sorted(self._workers)
-
-    def active_workers(self) -> Iterable[str]:
-        """The workers with requests in flight (unordered; a view, not a copy)."""
-        return self._workers.keys()
 
     def activity(self) -> Mapping[str, WorkerActivity]:
         """Every worker with requests in flight and its figures (a view: read, never change)."""

@@ -32,9 +32,6 @@ from shared.messages import Candidate
 
 _first = operator.itemgetter(0)
 
-IDLE = ""
-"""The id an idle worker is scored under (the load tracker knows no such worker)."""
-
 
 @dataclass(frozen=True, slots=True)
 class Scorer:
@@ -134,9 +131,9 @@ def choose_sparse(
 
     ``groups``: the workers caching a prefix of the prompt, by depth (``index.match_groups``,
     bit sets of ``index``); the scorer's ``overlaps`` are not read. Only the workers with
-    requests in flight are costed one by one (the arithmetic of ``Scorer.score``, inline); the
-    others with an overlap cost what their depth costs, once per depth; the idle rest cost one
-    figure.
+    requests in flight are costed one by one (``Scorer.score``, or its arithmetic inline for
+    those without overlap); the others with an overlap cost what their depth costs, once per
+    depth; the idle rest cost one figure.
     """
     hashes, block_size, weight = scorer.hashes, scorer.block_size, scorer.weight
     prompt_tokens, tail = scorer.prompt_tokens, scorer.tail
@@ -162,33 +159,23 @@ def choose_sparse(
         rest = group & free_bits
         if rest:
             unloaded.append((cost_at(depth), depth, rest, rest.bit_count()))
+    # ``depth_of`` holds every loaded worker's overlap by now (and, below, the listed ones').
+    listing = Scorer(
+        hashes, depth_of, scorer.load, prompt_tokens, block_size, tail, weight, scorer.inflight
+    )
     costs: list[tuple[float, str]] = []
     plain = weight * (prompt_tokens / block_size)  # nothing of it cached, nothing in flight
     fixed = nhashes + tail
     for worker_id in loaded:
         act = activity[worker_id]
         refs = act.refs
-        if first not in refs and worker_id not in depth_of:  # what a worker without overlap costs
-            prefill = act.prefill_tokens
-            new_cost = weight * ((prefill + prompt_tokens) / block_size) if prefill else plain
-            costs.append((new_cost + float(len(refs) + act.own_blocks + fixed), worker_id))
+        if first in refs or worker_id in depth_of:  # an overlap, cached or in flight: in full
+            costs.append((listing.score(worker_id).cost, worker_id))
             continue
-        cached = depth_of.get(worker_id, 0)
-        new = nhashes if first not in refs else scorer.load.new_blocks(worker_id, hashes)
+        # Without overlap, ``Scorer.score``'s arithmetic reduces to this (no Candidate built).
         prefill = act.prefill_tokens
-        pending = 0
-        if scorer.inflight:
-            pending = nhashes - new - cached
-            if pending < 0:
-                pending = 0
-            prefill -= pending * block_size
-            if prefill < 0:
-                prefill = 0
-        new_prefill = prompt_tokens - (cached + pending) * block_size
-        if new_prefill < 0:
-            new_prefill = 0
-        decode = float(len(refs) + act.own_blocks + new + tail)
-        costs.append((weight * ((prefill + new_prefill) / block_size) + decode, worker_id))
+        new_cost = weight * ((prefill + prompt_tokens) / block_size) if prefill else plain
+        costs.append((new_cost + float(len(refs) + act.own_blocks + fixed), worker_id))
     stateful = len(costs) + sum(count for _, _, _, count in unloaded)
     idle_workers = len(fleet) - stateful
     idle_cost = cost_at(0)
@@ -224,9 +211,6 @@ def choose_sparse(
             del top[LISTED:]
     others = [w for _, w in top if w != chosen]
     listed_ids = sorted({chosen, *others[: LISTED - 1]})
-    listing = Scorer(
-        hashes, depth_of, scorer.load, prompt_tokens, block_size, tail, weight, scorer.inflight
-    )
     listed = [listing.score(w) for w in listed_ids]
     stateful_listed = sum(1 for w in listed_ids if w in depth_of or w in loaded)
     idle_left = idle_workers - (len(listed_ids) - stateful_listed)
