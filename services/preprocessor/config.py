@@ -15,7 +15,9 @@ class PreprocessorConfig(CommonConfig):
     DESCRIPTION = "Apply chat templates and tokenize requests."
 
     formatter_timeout_s: float = setting(
-        2.0, "Seconds to wait for a formatter to open a stream (then 504)", gt=0
+        2.0,
+        "Seconds to wait for a formatter to open a stream (then a 503 the gateway resubmits)",
+        gt=0,
     )
     max_model_len: int = setting(0, "Context length override; 0 = the model card's", ge=0)
     max_cached_models: int = setting(

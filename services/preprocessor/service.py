@@ -292,7 +292,10 @@ class Preprocessor:
             self.formatters.clear()
             raise ServiceUnavailable("no formatter is running") from exc
         except nats.errors.TimeoutError as exc:
-            raise UpstreamTimeout(f"no formatter answered within {timeout_s} s") from exc
+            # The handshake or its answer was lost in transit (a node stopped under it), or the
+            # formatters are overwhelmed: a passing 503, which the gateway resubmits (decision
+            # 018), not a 504 that ends the request.
+            raise ServiceUnavailable(f"no formatter answered within {timeout_s:g} s") from exc
         answer = _OPEN_REPLIES.decode(reply.data)
         if isinstance(answer, RequestFailed):
             raise from_message(answer)  # counted and logged under the formatter's code

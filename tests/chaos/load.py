@@ -91,6 +91,7 @@ async def one_request(client: openai.AsyncOpenAI, config: LoadConfig, prompt: st
         async with asyncio.timeout(config.timeout_s):
             await _stream(client, config, prompt, seen)
     except openai.APIStatusError as exc:
+        seen.note_headers(exc.response.headers)
         return seen.record(start, status=exc.status_code, code=exc.code, error=exc)
     except openai.APITimeoutError as exc:
         return seen.record(start, error=exc, error_class="client_timeout")
@@ -133,8 +134,10 @@ class _Seen:
         self.finish_reason: str | None = None
         self.completion_tokens: int | None = None
         self.is_migrated = False
+        self.request_id: str | None = None
 
     def note_headers(self, headers: Mapping[str, str]) -> None:
+        self.request_id = headers.get("x-request-id")
         if any("migrat" in name.lower() for name in headers):
             self.is_migrated = True
 
@@ -173,4 +176,5 @@ class _Seen:
             text="".join(self.text),
             completion_tokens=self.completion_tokens,
             is_migrated=self.is_migrated,
+            request_id=self.request_id,
         )

@@ -36,6 +36,8 @@ class RequestRecord:
     completion_tokens: int | None = None
     is_migrated: bool = False
     """A response header or an ``nvext`` field said the request was migrated."""
+    request_id: str | None = None
+    """The ``X-Request-Id`` the gateway answered with (to find the request in the logs)."""
 
     @property
     def latency_s(self) -> float:
@@ -95,6 +97,8 @@ class Summary:
     serving_again_s: float | None = None
     """From ``back_at`` (the faulted process back) until a request was served again."""
     counted: Counted = Counted.ALL
+    failed_ids: tuple[str, ...] = ()
+    """The failed requests' ``X-Request-Id`` (where the gateway answered with one)."""
 
 
 def summarize(
@@ -125,6 +129,7 @@ def summarize(
         if back_at is None
         else _round(served_after(records, fault_at, back_at)),
         counted=counted,
+        failed_ids=tuple(r.request_id for r in failures if r.request_id),
     )
 
 

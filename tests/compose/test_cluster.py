@@ -48,6 +48,7 @@ EMBEDDERS = 1
 READY_TIMEOUT_S = 150.0
 CLIENTS, MAX_TOKENS, REQUEST_TIMEOUT_S, MAX_REQUESTS = 16, 64, 30.0, 2000
 STOP_AT_S = 6.0
+MAX_TRAIL_LINES = 60
 RUN_FOR_S = 20.0
 OVERLAP_KEYS = (
     "first_overlap_blocks",
@@ -207,20 +208,40 @@ def restore_nodes(stack: ClusterStack, timeout_s: float = 60) -> float:
     raise TimeoutError(f"the cluster did not catch up within {timeout_s:.0f}s: {streams}")
 
 
-def reconnects(stack: ClusterStack, since: float) -> dict[str, Any]:
-    """From the services' logs since ``since`` (epoch s): how many reconnected, the longest gap."""
-    gaps = []
+def service_logs(stack: ClusterStack, since: float) -> Iterator[tuple[str, list[str]]]:
+    """Each container's log lines since ``since`` (epoch s), with its compose service."""
     for service in SERVICES:
         for container in stack.run("ps", "-q", service).split():
             lines = stack.docker("logs", "--since", f"{since:.3f}", container, stderr=True)
-            down = None
-            for event in map(_json_line, lines.splitlines()):
-                if event.get("event") == "nats_disconnected":
-                    down = datetime.fromisoformat(event["timestamp"]).timestamp()
-                elif event.get("event") == "nats_reconnected" and down is not None:
-                    gaps.append(datetime.fromisoformat(event["timestamp"]).timestamp() - down)
-                    down = None
+            yield service, lines.splitlines()
+
+
+def reconnects(stack: ClusterStack, since: float) -> dict[str, Any]:
+    """From the services' logs since ``since`` (epoch s): how many reconnected, the longest gap."""
+    gaps = []
+    for _, lines in service_logs(stack, since):
+        down = None
+        for event in map(_json_line, lines):
+            if event.get("event") == "nats_disconnected":
+                down = datetime.fromisoformat(event["timestamp"]).timestamp()
+            elif event.get("event") == "nats_reconnected" and down is not None:
+                gaps.append(datetime.fromisoformat(event["timestamp"]).timestamp() - down)
+                down = None
     return {"reconnected": len(gaps), "max_gap_s": round(max(gaps, default=0.0), 3)}
+
+
+def trail(stack: ClusterStack, since: float, request_ids: tuple[str, ...]) -> list[str]:
+    """Every service's log lines since ``since`` (epoch s) that name one of ``request_ids``
+    (a resubmission's ``<id>-r<n>`` included), oldest first: what happened to a failed request."""
+    if not request_ids:
+        return []
+    found = []
+    for service, lines in service_logs(stack, since):
+        for line in lines:
+            if any(request_id in line for request_id in request_ids):
+                event = _json_line(line)
+                found.append((str(event.get("timestamp", "")), f"{service}: {line}"))
+    return [line for _, line in sorted(found)][:MAX_TRAIL_LINES]
 
 
 def _json_line(line: str) -> dict[str, Any]:
@@ -258,7 +279,7 @@ async def node_loss(stack: ClusterStack, pick: Callable[[list[Node]], Node]) -> 
     container = stack.container(victim["service"])
     restarts = stack.restarts()
     stop = asyncio.Event()
-    t0 = time.monotonic()
+    t0, started_wall = time.monotonic(), time.time()
     config = LoadConfig(
         base_url=base_url,
         clients=CLIENTS,
@@ -305,6 +326,8 @@ async def node_loss(stack: ClusterStack, pick: Callable[[list[Node]], Node]) -> 
             w: round(at - stopped_wall, 1) for w, at in after["workers"].items()
         },
         "kv_overlap_after": {k: after[k] for k in OVERLAP_KEYS},
+        "failed_ids": list(summary.failed_ids),
+        "failed_trail": await asyncio.to_thread(trail, stack, started_wall, summary.failed_ids),
     }
     return line
 

@@ -318,3 +318,25 @@ class TestErrorsKeepTheirCode:
         await send(nc, subjects, model="no/such-model")
         await failure_of(gateway)
         assert errors_counted(preprocessor, "model_not_found") == 1.0
+
+
+@pytest.mark.usefixtures("published", "preprocessor")
+async def test_a_handshake_lost_in_transit_is_a_passing_503(
+    nc: Client, subjects: Subjects, gateway: Subscription
+) -> None:
+    """A formatter that never answers (its StreamOpen or the answer lost when a node stopped)
+    fails the request with 503 service_unavailable, which the gateway resubmits: a CI run's
+    cluster test lost a request to the 504 this used to be."""
+    silent = await nc.subscribe(subjects.formatter_open, queue="formatter")
+    await nc.flush()
+    request_id = await send(nc, subjects, max_tokens=8)
+    failed = await failure_of(gateway)
+    assert codec.decode((await silent.next_msg(timeout=1)).data, StreamOpen).request_id == (
+        request_id
+    )
+    assert (failed.request_id, failed.status, failed.code) == (
+        request_id,
+        503,
+        "service_unavailable",
+    )
+    assert failed.message == "no formatter answered within 1 s"
