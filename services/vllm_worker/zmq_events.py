@@ -19,7 +19,6 @@ b4e69e0af33f4698e157a262cc787fe61983cd3d and 0181ea3173e53eea8cf04a86891488e3dc8
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -30,6 +29,7 @@ import zmq.asyncio
 from services.vllm_worker.kv_relay import Gap, KvRelay
 from services.vllm_worker.kv_wire import END_SEQ, WireError, decode_batch, decode_seq, encode_seq
 from shared.messages import AnyKvEvent
+from shared.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -90,9 +90,7 @@ class KvEventSubscriber:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait((self._task,))
             self._task = None
         if self._sub is not None:
             self._sub.close(linger=0)
@@ -170,9 +168,8 @@ class KvEventSubscriber:
             dealer.connect(self.replay_endpoint)
             await dealer.send_multipart((b"", encode_seq(from_seq)))
             while True:
-                frames = await asyncio.wait_for(
-                    dealer.recv_multipart(), timeout=self.replay_timeout_s
-                )
+                async with asyncio.timeout(self.replay_timeout_s):
+                    frames = await dealer.recv_multipart()
                 reply = replay_frames(frames)
                 if reply is None:
                     log.warning("kv_replay_frames_unexpected", frames=len(frames))
