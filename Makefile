@@ -100,11 +100,14 @@ typecheck: $(STAMP) ## mypy --strict on shared/ and services/
 proto: $(STAMP) ## regenerate shared/kserve/ (gRPC code, committed) from proto/shared/kserve/*.proto
 	$(PY) proto/generate.py
 
-bench: $(STAMP) ## serving benchmark: c=1 and c=64 with speedup 0, HTTP and gRPC alternated; then bench-c1; prints JSON
-	$(PY) -m bench.serving $(ARGS)
+# Where bench, bench-c1 and bench-routing write their JSON, with PNG plots beside it (bench/plots.py).
+BENCH_OUT ?= .bench/$(shell date -u +%Y-%m-%dT%H%M%SZ)
 
-bench-c1: $(STAMP) ## c=1 TTFT p50/p99 + CPU/request/process, JetServe vs Dynamo (../shared/bench kit) alternated, --rounds 3
-	$(PY) -m bench.side_by_side $(ARGS)
+bench: $(STAMP) ## serving benchmark: c=1 and c=64 with speedup 0, HTTP and gRPC alternated; then bench-c1; JSON + plots in .bench/
+	$(PY) -m bench.serving --out $(BENCH_OUT)-serving.jsonl $(ARGS)
+
+bench-c1: $(STAMP) ## c=1 TTFT p50/p99 + CPU/request/process, JetServe vs Dynamo (../shared/bench kit) alternated, --rounds 3; JSON + plots in .bench/
+	$(PY) -m bench.side_by_side --out $(BENCH_OUT)-c1.jsonl $(ARGS)
 
 bench-ab: $(STAMP) ## interleaved A/B: two trees (DIR_A, DIR_B) or one env var (VAR, A, B), optionally Dynamo (DYN=1), all up at once
 	bash bench/interleaved.sh
@@ -118,8 +121,8 @@ bench-gateway: $(STAMP) ## gateway CPU per request alone: HTTP vs KServe gRPC (b
 bench-burst: $(STAMP) ## overload: gateway RSS and ok/503 at c=64, then a 10x burst (c=640); limit 128, then none
 	$(PY) -m bench.burst $(ARGS)
 
-bench-routing: $(STAMP) ## router benchmark: decision latency + events/s (a), shared-prefix kv vs round-robin (b)
-	$(PY) -m bench.routing --part a b $(ARGS)
+bench-routing: $(STAMP) ## router benchmark: decision latency + events/s (a), shared-prefix kv vs round-robin (b); JSON + plots in .bench/
+	$(PY) -m bench.routing --part a b --out $(BENCH_OUT)-routing.json $(ARGS)
 
 config-doc: $(STAMP) ## regenerate docs/configuration.md and .env from the settings tables
 	$(PY) -m tools.config_doc --write

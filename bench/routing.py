@@ -1,6 +1,7 @@
 """Routing benchmark (``make bench-routing``): prints one JSON object.
 
     python -m bench.routing [--part a] [--workers 16 256 1024] [--events 10000] [--iters 1000]
+                            [--out FILE]
 
 (a) In-process and pure, like ``../shared/bench/radix_bench.py`` for Dynamo's ``RadixTree``:
     64 base sequences of 8192 random tokens; 10,000 ``BlockStored`` batches, each extending one
@@ -14,6 +15,10 @@
     ``--workers`` fleet size.
 (b) ``--part b``: the shared-prefix serving workload on a local stack (4 mockers at speedup 1,
     1024 blocks of 16): KV hit rate, TTFT p50/p99 and requests/s for each ``--modes``.
+
+With ``--out`` the object is written to FILE, with part (b)'s per-request TTFT and ITL
+(``samples``; left out of what is printed), and its plots (``bench.plots``: hit rate and TTFT
+by mode, decision latency by fleet size) drawn beside it.
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from bench import plots
 from bench.serving import WORDS, cpu_s, run_chats, summarize, warm_up
 from services.cli.stack import Stack, StackConfig
 from services.router.core import CoreSettings, RoutingCore
@@ -238,6 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iters", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--modes", nargs="+", default=["kv", "round-robin"], help="part (b)")
+    parser.add_argument("--out", type=Path, help="write the JSON (with samples) here; plots beside")
     args = parser.parse_args(argv)
     out: dict[str, Any] = {}
     if "a" in args.part:
@@ -251,7 +259,19 @@ def main(argv: list[str] | None = None) -> None:
         }
     if "b" in args.part:
         out["b"] = {mode: serving_workload(mode) for mode in args.modes}
-    print(json.dumps(out, indent=1))
+    print(json.dumps(_printable(out), indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out) + "\n")
+        plots.report(args.out)
+
+
+def _printable(out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` without part (b)'s per-request samples (hundreds of numbers a mode)."""
+    if "b" not in out:
+        return out
+    b = {mode: {k: v for k, v in r.items() if k != "samples"} for mode, r in out["b"].items()}
+    return {**out, "b": b}
 
 
 if __name__ == "__main__":

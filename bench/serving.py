@@ -2,7 +2,7 @@
 
     python -m bench.serving [--workloads a b] [--protocols http grpc grpc-grpcio] [--http-api ...]
                             [--router-mode round-robin] [--url URL --grpc HOST:PORT --pids n=pid]
-                            [--dynamo auto|on|off] [--rounds 3]
+                            [--dynamo auto|on|off] [--rounds 3] [--out FILE]
 
 (a) c=1, 200 requests, 32 output tokens; (b) c=64, 2000 requests, 64 output tokens; streaming,
 ``ignore_eos`` so every request yields exactly ``max_tokens``. Each workload runs once per
@@ -11,7 +11,9 @@ chat``; kept-alive connections) and KServe gRPC (``ModelStreamInfer``, one strea
 requests one after another on it) from two clients: ``grpc`` is grpclib's (asyncio, no threads,
 as the raw HTTP client), ``grpc-grpcio`` the stock one (grpc core, what Triton users run); the
 same prompts, one JSON line each with ``"protocol"``.
-CPU per request is read from /proc for every process of the stack and for this client.
+CPU per request is read from /proc for every process of the stack and for this client. Each line
+keeps its requests' TTFT and ITL (``samples``, bounded: ``bench.samples``); with ``--out`` the
+lines are appended to FILE too, and the plots of FILE (``bench.plots``) drawn next to it.
 
 Then (not with ``--url``), unless ``--dynamo off``: ``bench.side_by_side``, workload (a) with
 the kit's own client, Dynamo and JetServe alternated for ``--rounds`` (JetServe alone, after one
@@ -22,17 +24,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import resource
 import time
 from pathlib import Path
+from typing import TextIO
 from urllib.parse import urlparse
 
-from bench import side_by_side
+from bench import plots, side_by_side
 from bench.grpcclient import CLIENTS, LoopStreamClient
 from bench.httpclient import Connection, Record
+from bench.samples import latency_samples
 from services.cli.stack import Stack, StackConfig
 from shared.model_dir import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model_dir
 
@@ -269,6 +272,7 @@ def summarize(
         "e2e_ms_p99": round(pct([r.e2e_s for r in ok], 99) * ms, 3),
         "cpu_ms_per_req": {k: round(v * ms / n, 3) for k, v in cpu.items()},
         "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "samples": latency_samples(ttft, itl),
     }
 
 
@@ -286,6 +290,7 @@ async def bench(
     protocols: list[str],
     http_api: str,
     grpc_target: str,
+    out: TextIO | None = None,
 ) -> None:
     """Each workload once per protocol, alternating, each charged the CPU it used."""
     await warm_up(url, model, grpc_target if set(protocols) & set(CLIENTS) else "")
@@ -303,7 +308,7 @@ async def bench(
             labels = {"protocol": protocol, "api": http_api if protocol == "http" else "kserve"}
             if protocol in CLIENTS:
                 labels["client"] = CLIENTS[protocol].__name__
-            print(json.dumps(summarize(name, spec, records, wall, cpu, labels)), flush=True)
+            side_by_side.emit(summarize(name, spec, records, wall, cpu, labels), out)
 
 
 def main() -> None:
@@ -323,16 +328,30 @@ def main() -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL_NAME)
     parser.add_argument("--pids", nargs="*", default=[], help="name=pid pairs to charge CPU to")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="also append the JSON lines to FILE; plots beside")
     side_by_side.add_options(parser)
     args = parser.parse_args()
+    code = run(parser, args)
+    if args.out:
+        plots.report(args.out)
+    if code:
+        raise SystemExit(code)
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The workloads on a running server (``--url``) or a fresh local stack, then (without
+    ``--url``) the c=1 side by side; its exit status."""
     names = [w for w in args.workloads for _ in range(args.repeat)]
     options = {"protocols": args.protocols, "http_api": args.http_api}
     if args.url:
         if set(args.protocols) & set(CLIENTS) and not args.grpc:
             parser.error("--url with the grpc protocol needs --grpc HOST:PORT")
         pids = {k: int(v) for k, v in (p.split("=", 1) for p in args.pids)}
-        asyncio.run(bench(args.url, args.model, pids, names, grpc_target=args.grpc, **options))
-        return
+        with side_by_side.appending(args.out) as out:
+            asyncio.run(
+                bench(args.url, args.model, pids, names, grpc_target=args.grpc, out=out, **options)
+            )
+        return 0
     model_dir = ensure_default_model_dir(default_model_dir())
     stack = Stack(
         StackConfig(
@@ -350,18 +369,26 @@ def main() -> None:
     stack.start()
     try:
         pids = {name: pid for name, pid in stack.pids().items()}
-        asyncio.run(
-            bench(
-                stack.base_url, args.model, pids, names, grpc_target=stack.grpc_address, **options
+        with side_by_side.appending(args.out) as out:
+            asyncio.run(
+                bench(
+                    stack.base_url,
+                    args.model,
+                    pids,
+                    names,
+                    grpc_target=stack.grpc_address,
+                    out=out,
+                    **options,
+                )
             )
-        )
     finally:
         stack.stop()
         stack.remove_run_dir()
-    if args.dynamo != "off":
-        code = side_by_side.main(["--dynamo", args.dynamo, "--rounds", str(args.rounds)])
-        if code:
-            raise SystemExit(code)
+    if args.dynamo == "off":
+        return 0
+    # Its lines go to the same file; the plots are drawn once, by main, over all of them.
+    out_args = ["--out", str(args.out), "--no-plots"] if args.out else []
+    return side_by_side.main(["--dynamo", args.dynamo, "--rounds", str(args.rounds), *out_args])
 
 
 if __name__ == "__main__":

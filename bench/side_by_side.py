@@ -1,6 +1,7 @@
 """c=1 latency, JetServe side by side with NVIDIA Dynamo 1.6.1 (the ``../shared/bench`` kit).
 
-    python -m bench.side_by_side [--rounds 3] [--dynamo auto|on|off] [--pause-s 5] [--out FILE]
+    python -m bench.side_by_side [--rounds 3] [--dynamo auto|on|off] [--pause-s 5]
+                                 [--out FILE [--no-plots]]
 
 Workload (a) of the kit, with the kit's own client run by the kit venv's python, exactly as its
 ``workloads.sh`` runs it: ``loadgen.py --client raw --endpoint chat -c 1 -n 200 --max-tokens 32
@@ -21,8 +22,10 @@ req/s, CPU ms per request per process (each NAME.pid of the run dir; for JetServ
 ``server``, the launcher with every descendant, and ``launcher``, what that tree used beyond
 the named services), for the client and the whole machine (``unattributed``: the machine's CPU
 beyond both, i.e. kernel work and anything else running), and the 1-minute load average read
-just before the client started. The last line holds the per-system medians and the ratio
-JetServe/Dynamo of the TTFT p50.
+just before the client started, and the run's per-request TTFT and ITL (``samples``: the kit's
+``loadgen.py`` is run through ``bench/loadgen_samples.py``, which adds them to its summary). The
+last line holds the per-system medians and the ratio JetServe/Dynamo of the TTFT p50. With
+``--out`` the lines are appended to FILE too, and its plots (``bench.plots``) drawn beside it.
 
 Without the kit (no venv, nats-server or model dir) ``--dynamo auto`` prints one line saying so
 and measures JetServe alone: with the kit's ``loadgen.py`` if that file is there, else with
@@ -47,12 +50,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from bench import plots
 from bench.side_by_side_report import DYNAMO, JETSERVE, SERVER, parse_summary, run_line, schedule
 from bench.side_by_side_report import summarize as summarize_runs
 from services.cli.stack import UP_LINE, free_ports
 from shared.model_dir import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
+LOADGEN_SAMPLES = ROOT / "bench" / "loadgen_samples.py"
 CACHE = Path.home() / ".cache" / "jetserve-bench"
 WORKLOAD_A = ["-c", "1", "-n", "200", "--max-tokens", "32", "--prompt-words", "32"]
 """The kit README's workload (a), as ``workloads.sh`` passes it."""
@@ -245,6 +250,7 @@ def client_argv(running: Running, client: Client, model_name: str, label: str) -
     if client.loadgen is not None:
         return [
             client.python,
+            str(LOADGEN_SAMPLES),
             str(client.loadgen),
             "--url",
             running.url,
@@ -352,18 +358,27 @@ def run(
             line = {"system": system, "round": round_no, "error": str(exc)}
             if system == JETSERVE or mode == "on":
                 code = 1
-        _emit(line, out)
+        emit(line, out)
         lines.append(line)
-    _emit(summarize_runs(lines, MAX_TOKENS), out)
+    emit(summarize_runs(lines, MAX_TOKENS), out)
     return code
 
 
-def _emit(line: dict[str, Any], out: TextIO | None) -> None:
+def emit(line: dict[str, Any], out: TextIO | None) -> None:
+    """Print one JSON line, and append it to ``out`` (flushed: a bench may stop half-way)."""
     text = json.dumps(line)
     print(text, flush=True)
     if out is not None:
         out.write(text + "\n")
         out.flush()
+
+
+def appending(path: Path | None) -> contextlib.AbstractContextManager[TextIO | None]:
+    """``path`` opened to append (its folder made), or ``None`` when there is no path."""
+    if path is None:
+        return contextlib.nullcontext()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.open("a")
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -391,11 +406,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=DEFAULT_MODEL_NAME)
     parser.add_argument("--pause-s", type=float, default=5.0, help="wait after ready")
     parser.add_argument("--out", type=Path, help="also append the JSON lines to this file")
+    parser.add_argument(
+        "--no-plots", action="store_true", help="with --out: do not draw its plots after"
+    )
     args = parser.parse_args(argv)
     kit = Kit(dir=args.kit, venv=args.kit_venv, model_dir=args.model_dir)
-    with contextlib.ExitStack() as stack:
-        out = stack.enter_context(args.out.open("a")) if args.out else None
-        return run(args.rounds, args.dynamo, kit, args.pause_s, args.model, out)
+    with appending(args.out) as out:
+        code = run(args.rounds, args.dynamo, kit, args.pause_s, args.model, out)
+    if args.out and not args.no_plots:
+        plots.report(args.out)
+    return code
 
 
 if __name__ == "__main__":

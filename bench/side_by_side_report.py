@@ -73,6 +73,8 @@ def run_line(
         line[key] = summary.get(key)
     line["client"] = summary.get("client", "bench.serving")
     line["label"] = summary.get("label")
+    if "samples" in summary:
+        line["samples"] = summary["samples"]
     return line
 
 

@@ -75,6 +75,19 @@ def docker_unavailable_reason(*, images: bool = True) -> str | None:
     return None
 
 
+def build_local_image_or_skip(target: str) -> None:
+    """``build_local_images.sh TARGET`` (an opt-in image such as ``prometheus``; seconds when it
+    exists); the test is skipped, saying why, when it cannot be built."""
+    if reason := docker_unavailable_reason(images=False):
+        pytest.skip(reason)
+    try:
+        done = _run(["bash", str(BUILD_SCRIPT), target], timeout_s=900)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"{BUILD_SCRIPT.name} {target} took more than 15 minutes")
+    if done.returncode != 0:
+        pytest.skip(f"could not build the {target} image: {done.stderr.strip()[-300:]}")
+
+
 def compose_command() -> list[str] | None:
     """``docker compose`` (v2) where the plugin exists, else ``docker-compose`` (1.29), or None."""
     if shutil.which("docker") and _run(["docker", "compose", "version"]).returncode == 0:
@@ -145,13 +158,17 @@ class ComposeProject(Protocol):
     def run(self, *args: str, timeout_s: float = 300) -> str: ...
 
 
-def up_on_free_ports(stack: ComposeProject, *args: str, attempts: int = 3) -> None:
-    """``up -d --no-build ARGS`` with the gateway on free host ports (``http_port`` is set).
-    Ports are only free until someone takes them: on a clash, other ones."""
+def up_on_free_ports(
+    stack: ComposeProject, *args: str, attempts: int = 3, port_vars: tuple[str, ...] = ()
+) -> None:
+    """``up -d --no-build ARGS`` with the gateway (and each host port in ``port_vars``, such as
+    ``JETSERVE_PROMETHEUS_PORT``) on free host ports (``http_port`` is set). Ports are only free
+    until someone takes them: on a clash, other ones."""
     for attempt in range(attempts):
         stack.http_port = free_port()
         stack.env["JETSERVE_HTTP_PORT"] = str(stack.http_port)
-        stack.env["JETSERVE_GRPC_PORT"] = str(free_port())
+        for var in ("JETSERVE_GRPC_PORT", *port_vars):
+            stack.env[var] = str(free_port())
         try:
             stack.run("up", "-d", "--no-build", *args)
             return

@@ -25,10 +25,20 @@ COMPOSE_COMMON: dict[str, str] = {
     "js_replicas": "1",
 }
 """Settings every service shares, set once for all (``x-common-env``), with compose's values."""
+METRICS_PORT = 8002
+"""Where every bus service serves ``/metrics`` in compose (the gateway: on its HTTP port), as
+Triton does beside 8000 / 8001; docker/prometheus/prometheus.yml scrapes it."""
+METRICS_SERVICES = (
+    "preprocessor", "router", "formatter", "mocker", "embedder", "echo_tensor", "media",
+    "vllm_worker",
+)  # fmt: skip
+"""The compose services that serve ``/metrics`` on ``METRICS_PORT``."""
 FIXED_IN_CONTAINER: dict[str, frozenset[str]] = {
     "gateway": frozenset({"http_host", "http_port", "grpc_port"}),
+    **{name: frozenset({"metrics_port"}) for name in METRICS_SERVICES},
 }
-"""Set by the compose file itself (the container side of the published ports)."""
+"""Set by the compose file itself (the container side of the published ports, the metrics port
+Prometheus scrapes)."""
 
 HEADER = """\
 # JetServe on Docker Compose: every knob, with its default. Generated from the services'
@@ -53,6 +63,15 @@ NATS_IMAGE=nats:2-alpine
 JETSERVE_PUBLISH_ADDR=0.0.0.0
 JETSERVE_HTTP_PORT=8000
 JETSERVE_GRPC_PORT=8001
+# `--profile observability`: Prometheus (built locally by `build_local_images.sh observability`
+# where it cannot be pulled) and Grafana, on these host ports. Every bus service serves /metrics
+# on port 8002 in its container (docs/operations.md, "Observability").
+PROMETHEUS_IMAGE=prom/prometheus:v2.42.0
+GRAFANA_IMAGE=grafana/grafana-oss:11.4.0
+JETSERVE_PROMETHEUS_PORT=9090
+JETSERVE_GRAFANA_PORT=3000
+# Grafana's `admin` password (anonymous visitors may view the dashboards without one).
+JETSERVE_GRAFANA_ADMIN_PASSWORD=admin
 """
 
 HEALTH = """\

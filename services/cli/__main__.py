@@ -1,5 +1,6 @@
 """``jetserve`` command line: ``up`` runs NATS, every service and mocker workers; ``tap`` prints
-bus messages as JSON lines; ``nats-config`` writes a least-privilege deployment's NATS users."""
+bus messages as JSON lines; ``top`` is a live view of the fleet; ``nats-config`` writes a
+least-privilege deployment's NATS users."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from services.cli.config import UpPlan, add_up_options, up_plan
 from services.cli.launcher import supervise
 from services.cli.secure import TAP_USER
 from services.cli.stack import UP_LINE, Stack, StackConfig, StackError
+from services.cli.top import command as top
 from shared.model_dir import default_model_dir, ensure_default_model_dir
 
 UP_EPILOG = """\
@@ -35,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_up_options(up)
     tap.add_parser(sub)
+    top.add_parser(sub)
     nats_config.add_parser(sub)
     return parser
 
@@ -99,6 +102,7 @@ def _up(plan: UpPlan) -> int:
     )
     removed = "" if up.keep_run_dir or not stack.owns_run_dir else " (removed on a clean exit)"
     print(f"logs and pids: {stack.run_dir}{removed}    stop: Ctrl-C")
+    print(f"live view: jetserve top --run-dir {stack.run_dir}")
     if up.secure:
         tap_seed = stack.seeds[TAP_USER]
         print(
@@ -128,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(_up(plan))
     if args.command == "tap":
         sys.exit(tap.run(args))
+    if args.command == "top":
+        sys.exit(top.run(args))
     if args.command == "nats-config":
         sys.exit(nats_config.run(args))
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from services.cli import runrecord
 from services.cli.config import WORKER_ENGINES
 from services.cli.ready import ReadyInbox
 from services.cli.secure import TAP_USER, new_user, seed_path, write_users
@@ -245,9 +246,20 @@ class Stack:
         conf = self._write_users(plan) if cfg.secure else None
         if not self.nats_url:
             self._start_nats(cfg.nats_port or nats_port, conf)
+        self._write_record(plan)
         for name, cmd in plan:
             self._popen(name, cmd)
         self.wait_ready(ready_timeout_s)
+
+    def _write_record(self, plan: list[tuple[str, list[str]]]) -> None:
+        """``stack.json``: how ``jetserve top --run-dir`` finds this stack."""
+        record = runrecord.StackRecord(
+            nats_url=self.nats_url,
+            namespace=self.config.namespace,
+            metrics=runrecord.metrics_urls(plan, self.base_url),
+            tap_seed=str(self.seeds[TAP_USER]) if TAP_USER in self.seeds else "",
+        )
+        _write_atomically(self.run_dir / runrecord.RECORD_FILE, runrecord.dumps(record))
 
     @property
     def auth_dir(self) -> Path:

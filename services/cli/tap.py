@@ -12,9 +12,10 @@ import asyncio
 import contextlib
 import signal
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import BinaryIO, cast
+from typing import Any, BinaryIO, cast
 
 import nats
 import nats.errors
@@ -103,6 +104,16 @@ def connection_settings() -> Settings:
     return CommonConfig.settings().select("nats_url", "namespace", *NATS_AUTH_SETTINGS)
 
 
+def auth_from(connection: Mapping[str, Any]) -> NatsAuth:
+    """The ``--nats-*`` credential and TLS files of resolved ``connection_settings()``
+    (ValueError saying what is wrong with them)."""
+    files = {name: connection[name] for name in NATS_AUTH_SETTINGS}
+    auth = NatsAuth(**{name.removeprefix("nats_"): value for name, value in files.items()})
+    if problems := auth.problems():
+        raise ValueError("; ".join(problems))
+    return auth
+
+
 def options_from(args: argparse.Namespace) -> TapOptions:
     """Validate the parsed flags; raises ValueError with a message for the user."""
     connection = connection_settings().resolved(args)
@@ -118,10 +129,7 @@ def options_from(args: argparse.Namespace) -> TapOptions:
     since = None
     if args.since:
         since = datetime.now(UTC) - tapformat.parse_duration(args.since)
-    files = {name: connection[name] for name in NATS_AUTH_SETTINGS}
-    auth = NatsAuth(**{name.removeprefix("nats_"): value for name, value in files.items()})
-    if problems := auth.problems():
-        raise ValueError("; ".join(problems))
+    auth = auth_from(connection)
     return TapOptions(
         subjects=tuple(subjects),
         nats_url=str(connection["nats_url"]),
@@ -180,7 +188,7 @@ async def tap(options: TapOptions, out: BinaryIO) -> int:
     """Subscribe, print until ``--count``, ``--timeout`` or a signal; returns the exit status."""
     closed = asyncio.Event()
     try:
-        nc = await _connect(options.nats_url, closed, options.auth)
+        nc = await connect(options.nats_url, closed, options.auth)
     except (nats.errors.Error, OSError, TimeoutError) as exc:
         print(f"jetserve tap: cannot connect to {options.nats_url}: {exc}", file=sys.stderr)
         return 1
@@ -205,22 +213,24 @@ class _TapError(Exception):
     """A problem to report to the user in one line."""
 
 
-async def _connect(url: str, closed: asyncio.Event, auth: NatsAuth) -> Client:
-    """Connect with a few retries; errors are one stderr line each, ``closed`` set on give-up."""
+async def connect(url: str, closed: asyncio.Event, auth: NatsAuth, command: str = "tap") -> Client:
+    """Connect with a few retries; errors are one stderr line each, ``closed`` set on give-up.
+    The reply inbox is tap's whatever the ``command``, so the read-only tap key works for any
+    read-only command (``top`` too)."""
     last = ""
 
     async def on_error(exc: Exception) -> None:
         nonlocal last
         if str(exc) != last:
             last = str(exc)
-            print(f"jetserve tap: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print(f"jetserve {command}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     async def on_closed() -> None:
         closed.set()
 
     return await nats.connect(
         [s.strip() for s in url.split(",") if s.strip()],
-        name="jetserve-tap",
+        name=f"jetserve-{command}",
         inbox_prefix=inbox_prefix("tap"),
         connect_timeout=CONNECT_TIMEOUT_S,
         max_reconnect_attempts=RECONNECT_ATTEMPTS,

@@ -120,7 +120,7 @@ def request_context(scope: HTTPScope, metrics: GatewayMetrics) -> Iterator[Reque
 
 def _finished(ctx: RequestContext, metrics: GatewayMetrics) -> None:
     duration_s = time.perf_counter() - ctx.started_s
-    metrics.observe(ctx.path, ctx.status, duration_s, ctx.ttft_s, ctx.error)
+    metrics.observe(ctx.path, ctx.status, duration_s, ctx.ttft_s, ctx.error, ctx.completion_tokens)
     duration_ms = round(duration_s * 1000, 2)
     if ctx.path in PROBES:
         log.debug("request_finished", path=ctx.path, status=ctx.status, duration_ms=duration_ms)
@@ -158,7 +158,9 @@ def grpc_probe_finished(rpc: str, status: str, started_s: float, metrics: Gatewa
 
 def _grpc_finished(ctx: RequestContext, metrics: GatewayMetrics) -> None:
     duration_s = time.perf_counter() - ctx.started_s
-    metrics.observe_grpc(ctx.path, ctx.grpc_status, duration_s, ctx.ttft_s, ctx.error)
+    metrics.observe_grpc(
+        ctx.path, ctx.grpc_status, duration_s, ctx.ttft_s, ctx.error, ctx.completion_tokens
+    )
     _log_access(ctx, "grpc", "rpc", ctx.grpc_status, duration_s)
 
 

@@ -1,10 +1,11 @@
 """The gateway's Prometheus instruments, beside the ones every service has.
 
-HTTP requests by endpoint and status, request latency and time to first response per endpoint;
-gRPC requests by RPC and status code, and their latency; in-flight requests are read from the
-bus at scrape time. Endpoint labels are a fixed set (the served routes, else ``other``; the
-gRPC inference RPCs' method paths), so unknown paths cannot grow the label space. Admission
-(``--max-concurrent-requests``: requests counted, the limit, refusals) is read at scrape time too.
+HTTP requests by endpoint and status, request latency, time to first response and inter-token
+latency per endpoint; gRPC requests by RPC and status code, and their latency; in-flight requests
+are read from the bus at scrape time. Endpoint labels are a fixed set (the served routes, else
+``other``; the gRPC inference RPCs' method paths), so unknown paths cannot grow the label space.
+Admission (``--max-concurrent-requests``: requests counted, the limit, refusals) is read at
+scrape time too.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ GRPC_METHOD_PREFIX = "/inference.GRPCInferenceService/"
 REQUEST_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
+ITL_BUCKETS_S = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0,
+)  # fmt: skip
 
 
 def endpoint_of(path: str) -> str:
@@ -34,7 +38,7 @@ def endpoint_of(path: str) -> str:
 
 
 class GatewayMetrics:
-    """Requests by endpoint and status, latency, TTFT; plus ``base`` (``ServiceMetrics``)."""
+    """Requests by endpoint and status, latency, TTFT, ITL; plus ``base`` (``ServiceMetrics``)."""
 
     def __init__(self, base: ServiceMetrics | None = None) -> None:
         self.base = base or ServiceMetrics("gateway")
@@ -59,6 +63,14 @@ class GatewayMetrics:
             buckets=REQUEST_BUCKETS_S,
             registry=registry,
         )
+        self.itl_seconds = Histogram(
+            "jetserve_gateway_itl_seconds",
+            "Inter-token latency of one finished request: (latency - TTFT) / (completion "
+            "tokens - 1), for requests with two tokens or more",
+            ["endpoint"],
+            buckets=ITL_BUCKETS_S,
+            registry=registry,
+        )
         self.grpc_requests = Counter(
             "jetserve_grpc_requests_total",
             "gRPC requests answered, by RPC and status code (each request on a "
@@ -78,6 +90,7 @@ class GatewayMetrics:
         self._by_status: dict[tuple[str, int], Counter] = {}
         self._latency: dict[str, Histogram] = {}
         self._ttft: dict[str, Histogram] = {}
+        self._itl: dict[str, Histogram] = {}
         self._grpc_by_code: dict[tuple[str, str], Counter] = {}
         self._grpc_latency: dict[str, Histogram] = {}
         self._admission: _AdmissionCollector | None = None
@@ -96,6 +109,7 @@ class GatewayMetrics:
         latency_s: float,
         ttft_s: float | None = None,
         error: str | None = None,
+        completion_tokens: int = 0,
     ) -> None:
         """Record one finished HTTP request (label children are cached: about a microsecond)."""
         endpoint = endpoint_of(path)
@@ -110,10 +124,7 @@ class GatewayMetrics:
             latency = self._latency[endpoint] = self.request_seconds.labels(endpoint)
         latency.observe(latency_s)
         if ttft_s is not None:
-            ttft = self._ttft.get(endpoint)
-            if ttft is None:
-                ttft = self._ttft[endpoint] = self.ttft_seconds.labels(endpoint)
-            ttft.observe(ttft_s)
+            self._observe_tokens(endpoint, latency_s, ttft_s, completion_tokens)
         if error is not None:
             self.base.error(error)
 
@@ -124,8 +135,9 @@ class GatewayMetrics:
         latency_s: float,
         ttft_s: float | None = None,
         error: str | None = None,
+        completion_tokens: int = 0,
     ) -> None:
-        """Record one finished gRPC request; its TTFT goes beside HTTP's, under the RPC's
+        """Record one finished gRPC request; its TTFT and ITL go beside HTTP's, under the RPC's
         method path (``/inference.GRPCInferenceService/ModelInfer``)."""
         counter = self._grpc_by_code.get((rpc, code))
         if counter is None:
@@ -136,13 +148,23 @@ class GatewayMetrics:
             latency = self._grpc_latency[rpc] = self.grpc_request_seconds.labels(rpc)
         latency.observe(latency_s)
         if ttft_s is not None:
-            endpoint = GRPC_METHOD_PREFIX + rpc
-            ttft = self._ttft.get(endpoint)
-            if ttft is None:
-                ttft = self._ttft[endpoint] = self.ttft_seconds.labels(endpoint)
-            ttft.observe(ttft_s)
+            self._observe_tokens(GRPC_METHOD_PREFIX + rpc, latency_s, ttft_s, completion_tokens)
         if error is not None:
             self.base.error(error)
+
+    def _observe_tokens(
+        self, endpoint: str, latency_s: float, ttft_s: float, completion_tokens: int
+    ) -> None:
+        """TTFT, and the mean time per token after the first when there are two or more."""
+        ttft = self._ttft.get(endpoint)
+        if ttft is None:
+            ttft = self._ttft[endpoint] = self.ttft_seconds.labels(endpoint)
+        ttft.observe(ttft_s)
+        if completion_tokens > 1:
+            itl = self._itl.get(endpoint)
+            if itl is None:
+                itl = self._itl[endpoint] = self.itl_seconds.labels(endpoint)
+            itl.observe(max(0.0, latency_s - ttft_s) / (completion_tokens - 1))
 
     def exposition(self) -> bytes:
         return self.base.exposition()

@@ -10,7 +10,7 @@ OVERLAP_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 class RouterMetrics:
-    """Decisions by mode, overlap, index size, KV event flow and lag."""
+    """Decisions by mode, overlap, index size, KV event flow and lag, the replica's id."""
 
     def __init__(self, base: ServiceMetrics | None = None) -> None:
         self.base = base or ServiceMetrics("router")
@@ -75,3 +75,14 @@ class RouterMetrics:
             "Index snapshots written by this replica",
             registry=registry,
         )
+        self.info = Gauge(
+            "jetserve_router_info",
+            "This replica's router id (the one its RouteDecisions carry), value 1",
+            ["router_id"],
+            registry=registry,
+        )
+
+    def identify(self, router_id: str) -> None:
+        """Label this registry with the replica's id, so a scrape can be matched to the
+        replica's decisions on the bus (``jetserve top``)."""
+        self.info.labels(router_id).set(1)

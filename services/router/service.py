@@ -115,6 +115,7 @@ class Router:
         self._clock = clock
         self._subjects = Subjects(config.namespace)
         self.metrics = metrics or RouterMetrics()
+        self.metrics.identify(config.router_id)
         self._boundary = Boundary(nc, self.metrics.base)
         self._directory = directory or WorkerDirectory(
             nc.jetstream(), self._subjects, ttl_s=config.worker_ttl_s, on_change=self._prune

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build local stand-ins for every image docker-compose.yml names, then the JetServe image.
+# Build local stand-ins for the images docker-compose.yml names, then the JetServe image (not
+# vLLM's or Grafana's: no package ships them; Prometheus only with `observability`).
 #
 # Machines that cannot pull from a registry (ours) still run the real compose file: the base
 # image is a debootstrapped Debian bookworm with python3.11 imported as `python:3.11-slim`, and
@@ -7,16 +8,18 @@
 # for `wget`, as the official alpine variant has) tagged as the official names. A real image of
 # the same name is never overwritten. Everything is cached: reruns take seconds.
 #
-# usage: build_local_images.sh [all|engine|stop-engine|status]
+# usage: build_local_images.sh [all|observability|engine|stop-engine|status]
 #   all          (default) make sure an engine runs, then build the images that are missing
+#   observability  `all` plus the Prometheus stand-in (opt-in: `all` does not build it)
 #   engine       make sure a Docker engine answers: install docker.io and start dockerd if needed
 #   stop-engine  stop the dockerd this script started (by its recorded pid), nothing else
-#   base | nats  build only that stand-in
+#   base | nats | prometheus  build only that stand-in
 #   status       exit 0 when an engine answers and every image exists
 #
 # env: BASE_IMAGE (python:3.11-slim), NATS_IMAGE (nats:2-alpine), JETSERVE_IMAGE
-#      (jetserve:latest), JETSERVE_IMAGE_CACHE (~/.cache/jetserve/images), JETSERVE_DOCKERD_DIR
-#      (/tmp/jetserve-dockerd: pid + log of a dockerd started here), DEBIAN_MIRROR.
+#      (jetserve:latest), PROMETHEUS_IMAGE (prom/prometheus:v2.42.0), JETSERVE_IMAGE_CACHE
+#      (~/.cache/jetserve/images), JETSERVE_DOCKERD_DIR (/tmp/jetserve-dockerd: pid + log of a
+#      dockerd started here), DEBIAN_MIRROR.
 # The JetServe image is rebuilt on every run (its layers are cached, so only changed sources
 # cost time); the base and NATS stand-ins only when missing.
 set -euo pipefail
@@ -25,6 +28,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BASE_IMAGE=${BASE_IMAGE:-python:3.11-slim}
 NATS_IMAGE=${NATS_IMAGE:-nats:2-alpine}
 JETSERVE_IMAGE=${JETSERVE_IMAGE:-jetserve:latest}
+PROMETHEUS_IMAGE=${PROMETHEUS_IMAGE:-prom/prometheus:v2.42.0}
 CACHE=${JETSERVE_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jetserve/images}
 DOCKERD_DIR=${JETSERVE_DOCKERD_DIR:-/tmp/jetserve-dockerd}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -186,6 +190,35 @@ EOF
     rm -rf "$ctx"
 }
 
+# Prometheus 2.42 from Debian bookworm's package on the base stand-in, laid out like the official
+# image (the binary as entrypoint, data in /prometheus, user nobody). Grafana has no such package.
+build_prometheus() {
+    if image_exists "$PROMETHEUS_IMAGE"; then
+        is_standin "$PROMETHEUS_IMAGE" || log "$PROMETHEUS_IMAGE is a real image; using it"
+        return 0
+    fi
+    build_base
+    local ctx start=$SECONDS
+    ctx=$(mktemp -d)
+    cat >"$ctx/Dockerfile" <<EOF
+FROM $BASE_IMAGE
+RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \\
+        --no-install-recommends prometheus && rm -rf /var/lib/apt/lists/* && \\
+    mkdir -p /prometheus && chown nobody:nogroup /prometheus
+LABEL $STANDIN_LABEL=1
+USER nobody
+WORKDIR /prometheus
+EXPOSE 9090
+ENTRYPOINT ["/usr/bin/prometheus"]
+CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]
+EOF
+    log "docker build $PROMETHEUS_IMAGE (FROM $BASE_IMAGE + Debian's prometheus package)"
+    docker build --network host -t "$PROMETHEUS_IMAGE" "$ctx" >"$CACHE/prometheus-build.log" 2>&1 ||
+        { tail -n 30 "$CACHE/prometheus-build.log" >&2; die "docker build failed"; }
+    rm -rf "$ctx"
+    log "built $PROMETHEUS_IMAGE in $((SECONDS - start))s"
+}
+
 build_jetserve() {
     log "docker build $JETSERVE_IMAGE (BASE_IMAGE=$BASE_IMAGE)"
     local start=$SECONDS
@@ -202,20 +235,27 @@ main() {
     stop-engine) stop_engine ;;
     base) ensure_engine && build_base ;;
     nats) ensure_engine && build_nats ;;
+    prometheus) mkdir -p "$CACHE" && ensure_engine && build_prometheus ;;
     status)
         engine_answers && image_exists "$BASE_IMAGE" && image_exists "$NATS_IMAGE" &&
             image_exists "$JETSERVE_IMAGE"
         ;;
-    all)
+    all | observability)
         local start=$SECONDS
         mkdir -p "$CACHE"
         ensure_engine
         build_base
         build_nats
         build_jetserve
-        log "images ready in $((SECONDS - start))s: $BASE_IMAGE $NATS_IMAGE $JETSERVE_IMAGE"
+        local built="$BASE_IMAGE $NATS_IMAGE $JETSERVE_IMAGE"
+        if [ "$cmd" = observability ]; then
+            build_prometheus
+            built+=" $PROMETHEUS_IMAGE"
+        fi
+        log "images ready in $((SECONDS - start))s: $built"
         ;;
-    *) die "unknown command '$cmd' (all, engine, base, nats, stop-engine, status)" ;;
+    *) die "unknown command '$cmd' (all, observability, engine, base, nats, prometheus," \
+        "stop-engine, status)" ;;
     esac
 }
 

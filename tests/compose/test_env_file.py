@@ -40,7 +40,7 @@ def test_env_file_documents_every_knob_of(service: str, env_file_vars: set[str])
 @pytest.mark.parametrize("service", SERVICES)
 def test_compose_passes_every_knob_to(service: str, compose: dict[str, Any]) -> None:
     environment = compose["services"][service]["environment"]
-    fixed = FIXED_IN_CONTAINER if service == "gateway" else set()
+    fixed = {s.env for s in env_file.fixed_in_container(service)}
     assert sorted({*knob_vars(service), *fixed} - set(environment)) == []
 
 

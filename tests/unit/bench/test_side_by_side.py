@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from bench.side_by_side import (
+    LOADGEN_SAMPLES,
     WORKLOAD_A,
     Client,
     Kit,
@@ -200,7 +201,7 @@ def test_jetserve_is_started_as_a_user_types_it() -> None:
 def test_client_is_the_kits_loadgen_with_workload_a(tmp_path: Path) -> None:
     running = Running(url="http://127.0.0.1:9", pid_dir=tmp_path, pids={"server": 42})
     argv = client_argv(running, Client("py", Path("/kit/loadgen.py")), "M", "jetserve-rr/a#1")
-    assert argv[:2] == ["py", "/kit/loadgen.py"]
+    assert argv[:3] == ["py", str(LOADGEN_SAMPLES), "/kit/loadgen.py"]  # it adds samples
     joined = " ".join(argv)
     assert " ".join(WORKLOAD_A) == "-c 1 -n 200 --max-tokens 32 --prompt-words 32"
     assert " ".join(WORKLOAD_A) in joined

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from litestar.testing import AsyncTestClient
 
 from services.gateway.app import create_app
@@ -63,3 +64,17 @@ async def test_routing_headers_reach_the_bus_message() -> None:
     sent: Any = bus.submitted[0]
     assert (sent.worker_id, sent.routing.cache_salt) == ("w1", "acme")
     assert (bad.status_code, bad.json()["error"]["param"]) == (400, "x-worker-instance-id")
+
+
+def test_itl_is_the_mean_time_per_token_after_the_first() -> None:
+    metrics = GatewayMetrics()
+    chat = "/v1/chat/completions"
+    metrics.observe(chat, 200, 1.1, ttft_s=0.1, completion_tokens=11)
+    metrics.observe(chat, 200, 0.5, ttft_s=0.5, completion_tokens=1)  # one token: no ITL
+    metrics.observe_grpc("ModelInfer", "OK", 0.3, ttft_s=0.1, completion_tokens=3)
+    text = metrics.exposition().decode()
+    itl = "jetserve_gateway_itl_seconds"
+    grpc = '{endpoint="/inference.GRPCInferenceService/ModelInfer"}'
+    assert _sample(text, f'{itl}_count{{endpoint="{chat}"}}') == 1.0
+    assert _sample(text, f'{itl}_sum{{endpoint="{chat}"}}') == pytest.approx(0.1)
+    assert _sample(text, f"{itl}_sum{grpc}") == pytest.approx(0.1)

@@ -1,0 +1,6 @@
+"""``jetserve top``: a live terminal view of the fleet, fed from the bus and ``/metrics``.
+
+``stats`` (Prometheus text, windows, quantiles) and ``events`` (bus messages kept per worker
+and router) feed ``frame``, the pure model of one screen; ``feed`` subscribes and scrapes;
+``view`` draws a frame with rich; ``command`` is the subcommand.
+"""

@@ -1,0 +1,168 @@
+"""How a ``jetserve top`` frame looks: rich tables for the gateway, models, workers and routers.
+
+``render`` builds the renderable for the live screen and for ``--once`` (then printed without
+colour). Cells are never empty and never hold two spaces in a row, so a script can split a row
+on runs of two or more spaces. ``n/a``: no source for the figure was reached; ``-``: the source
+said nothing in the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from services.cli.top.frame import Frame, ModelRow, RouterRow, WorkerRow
+from services.cli.top.gateway import GatewayFigures
+
+NA = "n/a"
+NONE = "-"
+LEGEND = (
+    "n/a: not on the bus and no /metrics endpoint gives it "
+    "(router figures: pass the router's /metrics with --metrics, or start `jetserve up` with "
+    "--router-metrics-port).  -: nothing in the window.  ITL: the gateway's histogram where it "
+    "has one, else each request's mean time between tokens after its first batch on the bus."
+)
+
+
+def render(frame: Frame, *, namespace: str) -> RenderableType:
+    """The whole screen for ``frame``."""
+    return Group(
+        _header(frame, namespace),
+        _gateway(frame.gateway),
+        _models(frame.models),
+        _workers(frame.workers),
+        _routers(frame.routers),
+        *_problems(frame),
+        Text(LEGEND, style="dim"),
+    )
+
+
+def _header(frame: Frame, namespace: str) -> Text:
+    live = sum(1 for w in frame.workers if w.is_live)
+    text = Text(f"jetserve top  namespace {namespace}", style="bold")
+    text.append(
+        f"   window {frame.span_s:.1f}s   workers {live}   routers {len(frame.routers)}   "
+        f"/metrics endpoints {len(frame.endpoints)}   q quits"
+    )
+    return text
+
+
+def _table(title: str, columns: Sequence[str]) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, title_style="bold cyan")
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
+    return table
+
+
+def _gateway(g: GatewayFigures) -> RenderableType:
+    table = _table(
+        "Gateway",
+        ["gateways", "req/s", "requests", "in flight", "TTFT p50", "TTFT p99", "ITL p50",
+         "ITL p99", "errors"],
+    )  # fmt: skip
+    has = g.endpoints > 0
+    errors = ", ".join(f"{code} {_count(total)}" for code, _, total in g.errors) or "none"
+    table.add_row(
+        str(g.endpoints),
+        _num(g.requests_per_s, has),
+        _num(g.requests_total, has, digits=0),
+        _num(g.in_flight, has, digits=0),
+        _ms(g.ttft_p50_s, has),
+        _ms(g.ttft_p99_s, has),
+        _ms(g.itl_p50_s, True),
+        _ms(g.itl_p99_s, True),
+        errors if has else NA,
+    )
+    return table
+
+
+LOAD_COLUMNS = ["running", "waiting", "KV blocks", "KV use", "cache hit", "tok/s"]
+
+
+def _load(row: ModelRow | WorkerRow) -> list[str]:
+    """The cells a model and a worker have alike (``LOAD_COLUMNS``)."""
+    return [
+        _num(row.running, True, digits=0),
+        _num(row.waiting, True, digits=0),
+        _blocks(row.kv_used, row.kv_total),
+        _share(row.kv_used, row.kv_total),
+        _pct(row.hit_rate),
+        _num(row.tokens_per_s, True),
+    ]
+
+
+def _models(rows: Sequence[ModelRow]) -> RenderableType:
+    table = _table("Models", ["model", "workers", *LOAD_COLUMNS, "req/s"])
+    for m in rows:
+        table.add_row(m.model, str(m.workers), *_load(m), _num(m.requests_per_s, True))
+    return table
+
+
+def _workers(rows: Sequence[WorkerRow]) -> RenderableType:
+    table = _table("Workers", ["worker", "model", *LOAD_COLUMNS, "done/s", "KV ev/s"])
+    for w in rows:
+        table.add_row(
+            w.worker_id if w.is_live else f"{w.worker_id} (no card)",
+            w.model or NONE,
+            *_load(w),
+            _num(w.finished_per_s, True),
+            _num(w.kv_events_per_s, True),
+        )
+    return table
+
+
+def _routers(rows: Sequence[RouterRow]) -> RenderableType:
+    table = _table(
+        "Routers",
+        ["router", "decisions/s", "mean overlap", "overlap", "index blocks", "index nodes",
+         "event lag", "event age"],
+    )  # fmt: skip
+    for r in rows:
+        has = r.has_metrics
+        table.add_row(
+            r.router_id,
+            _num(r.decisions_per_s, True),
+            _num(r.mean_overlap_blocks, True),
+            _pct(r.overlap_share),
+            _num(r.index_blocks, has, digits=0),
+            _num(r.index_nodes, has, digits=0),
+            _num(r.event_lag, has, digits=0),
+            _ms(r.event_age_s, has),
+        )
+    return table
+
+
+def _problems(frame: Frame) -> list[Text]:
+    return [Text(f"{e.url}: {e.error}", style="red") for e in frame.endpoints if e.error]
+
+
+def _num(value: float | None, available: bool, *, digits: int = 1) -> str:
+    if not available:
+        return NA
+    return NONE if value is None else f"{value:.{digits}f}"
+
+
+def _count(value: float) -> str:
+    return f"{value:.0f}"
+
+
+def _ms(seconds: float | None, available: bool) -> str:
+    if not available:
+        return NA
+    return NONE if seconds is None else f"{seconds * 1000:.1f}ms"
+
+
+def _pct(share: float | None) -> str:
+    return NONE if share is None else f"{share * 100:.0f}%"
+
+
+def _blocks(used: float | None, total: float | None) -> str:
+    return f"{_num(used, True, digits=0)}/{_num(total, True, digits=0)}"
+
+
+def _share(used: float | None, total: float | None) -> str:
+    return _pct(used / total) if used is not None and total else NONE
