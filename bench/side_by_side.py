@@ -365,11 +365,11 @@ def run(
 
 
 def emit(line: dict[str, Any], out: TextIO | None) -> None:
-    """Print one JSON line, and append it to ``out`` (flushed: a bench may stop half-way)."""
-    text = json.dumps(line)
-    print(text, flush=True)
+    """Print one JSON line without its ``samples`` (hundreds of numbers), and append it whole
+    to ``out`` (flushed: a bench may stop half-way)."""
+    print(json.dumps({k: v for k, v in line.items() if k != "samples"}), flush=True)
     if out is not None:
-        out.write(text + "\n")
+        out.write(json.dumps(line) + "\n")
         out.flush()
 
 

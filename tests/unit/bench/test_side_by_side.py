@@ -3,6 +3,7 @@ command lines it builds (the kit's workload (a), ``jetserve up`` as a user types
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +19,7 @@ from bench.side_by_side import (
     Running,
     choose_client,
     client_argv,
+    emit,
     jetserve_argv,
 )
 from bench.side_by_side_report import (
@@ -227,3 +229,13 @@ def test_choose_client(tmp_path: Path) -> None:
     installed = choose_client(kit, installed=True)
     assert installed.python == str(tmp_path / "venv" / "bin" / "python")
     assert len(kit.missing()) == 6
+
+
+def test_emit_prints_without_samples_and_writes_them_to_the_file(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    line = {"system": "jetserve", "ttft_ms_p50": 3.0, "samples": {"ttft_ms": [1.0, 2.0]}}
+    out = io.StringIO()
+    emit(line, out)
+    assert json.loads(capsys.readouterr().out) == {"system": "jetserve", "ttft_ms_p50": 3.0}
+    assert json.loads(out.getvalue()) == line
