@@ -1,12 +1,17 @@
-"""``jetserve top --once`` against a running stack: what it prints matches the stack's own
-``/metrics`` and worker registry while streaming requests are in flight."""
+"""``jetserve top`` against a running stack: what ``--once`` prints matches the stack's own
+``/metrics`` and worker registry while streaming requests are in flight; the live screen, in a
+pseudo-terminal, redraws and quits on ``q``."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import pty
 import re
+import select
+import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -130,3 +135,39 @@ async def test_top_once_matches_the_stacks_own_metrics(top_stack: Stack) -> None
     assert index_blocks
     assert float(r["index blocks"]) == pytest.approx(index_blocks, rel=0.5)
     assert r["event lag"] != "n/a"
+
+
+def _read_for(fd: int, seconds: float) -> bytes:
+    """What the terminal shows within ``seconds`` (bounded reads of the pty's master side)."""
+    got = b""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], min(left, 0.2))
+        if ready:
+            try:
+                got += os.read(fd, 65536)
+            except OSError:  # the child closed its side
+                break
+    return got
+
+
+def test_the_live_screen_redraws_and_quits_on_q(top_stack: Stack) -> None:
+    master, slave = pty.openpty()
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "160", "LINES": "50"}
+    top = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "top", "--run-dir", str(top_stack.run_dir)],
+        stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
+    )  # fmt: skip
+    os.close(slave)
+    try:
+        shown = _read_for(master, 4.0)
+        os.write(master, b"q")
+        code = top.wait(timeout=5)
+    finally:
+        if top.poll() is None:
+            top.kill()
+            top.wait(timeout=5)
+        os.close(master)
+    assert code == 0
+    assert shown.count(b"jetserve top") >= 2, shown[-2000:]  # redrawn about once a second
+    assert b"Workers" in shown
