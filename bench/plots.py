@@ -163,8 +163,8 @@ def write_plots(path: Path) -> list[Path]:
     ]
     if modes := routing_modes(records):
         written.append(plot_hit_rate(modes, beside(path, "hit-rate")))
-    if decide_table(records):
-        written.append(plot_decide_latency(records, beside(path, "decide")))
+    if table := decide_table(records):
+        written.append(plot_decide_latency(table, beside(path, "decide")))
     return written
 
 

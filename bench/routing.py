@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 
 from bench import plots
+from bench.samples import without_samples
 from bench.serving import WORDS, cpu_s, run_chats, summarize, warm_up
 from services.cli.stack import Stack, StackConfig
 from services.router.core import CoreSettings, RoutingCore
@@ -259,19 +260,11 @@ def main(argv: list[str] | None = None) -> None:
         }
     if "b" in args.part:
         out["b"] = {mode: serving_workload(mode) for mode in args.modes}
-    print(json.dumps(_printable(out), indent=1))
+    print(json.dumps(without_samples(out), indent=1))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out) + "\n")
         plots.report(args.out)
-
-
-def _printable(out: dict[str, Any]) -> dict[str, Any]:
-    """``out`` without part (b)'s per-request samples (hundreds of numbers a mode)."""
-    if "b" not in out:
-        return out
-    b = {mode: {k: v for k, v in r.items() if k != "samples"} for mode, r in out["b"].items()}
-    return {**out, "b": b}
 
 
 if __name__ == "__main__":

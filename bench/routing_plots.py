@@ -12,6 +12,8 @@ from bench.plot_canvas import Record, group_colours, new_figure
 
 DECIDE_KEY = re.compile(r"^decide_(\d+)tok_(hit|miss)(_hashed_here)?$")
 DECIDE_STYLES = {"hit": "-", "miss": "--", "hit_hashed_here": ":"}
+DecideTable = dict[tuple[str, int, str], dict[int, float]]
+"""(tree label, prompt tokens, hit/miss kind) → fleet size → decision p50 µs."""
 
 
 def routing_modes(records: Sequence[Record]) -> list[tuple[str, Record]]:
@@ -71,7 +73,7 @@ def _part_a(records: Sequence[Record]) -> Iterator[Record]:
             yield record
 
 
-def decide_table(records: Sequence[Record]) -> dict[tuple[str, int, str], dict[int, float]]:
+def decide_table(records: Sequence[Record]) -> DecideTable:
     """(tree label, prompt tokens, hit/miss kind) → fleet size → decision p50 µs, the median
     over the rounds of that label and size."""
     samples: dict[tuple[str, int, str], dict[int, list[float]]] = {}
@@ -87,10 +89,9 @@ def decide_table(records: Sequence[Record]) -> dict[tuple[str, int, str], dict[i
     }
 
 
-def plot_decide_latency(records: Sequence[Record], path: Path) -> Path:
-    """Routing decision p50 by fleet size, a panel per prompt length; hit, miss and hit hashed
-    in the router as line styles, a colour per tree label."""
-    table = decide_table(records)
+def plot_decide_latency(table: DecideTable, path: Path) -> Path:
+    """Routing decision p50 by fleet size (``decide_table``'s), a panel per prompt length; hit,
+    miss and hit hashed in the router as line styles, a colour per tree label."""
     lengths = sorted({tokens for _, tokens, _ in table})
     figure, axes = new_figure(
         len(lengths), "bench.routing (a): routing decision p50 by fleet size, median of the runs"

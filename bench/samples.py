@@ -6,6 +6,7 @@ Standard library only: ``bench.loadgen_samples`` imports it under the Dynamo kit
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 MAX_SAMPLES = 500
 """Most values kept per distribution: a CDF drawn from them is within 1/500 of the full one."""
@@ -26,3 +27,11 @@ def latency_samples(ttft_s: Iterable[float], itl_s: Iterable[float]) -> dict[str
     request, its mean gap between tokens after the first) and how many requests they stand for."""
     ttft, itl = list(ttft_s), list(itl_s)
     return {"requests": len(ttft), "ttft_ms": bounded(ttft), "itl_ms": bounded(itl)}
+
+
+def without_samples(record: Any) -> Any:
+    """``record`` as printed: every ``samples`` entry left out, however deep (a bench file keeps
+    them; a terminal gets hundreds of numbers a run otherwise)."""
+    if isinstance(record, dict):
+        return {k: without_samples(v) for k, v in record.items() if k != "samples"}
+    return record

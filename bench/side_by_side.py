@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bench import plots
+from bench.samples import without_samples
 from bench.side_by_side_report import DYNAMO, JETSERVE, SERVER, parse_summary, run_line, schedule
 from bench.side_by_side_report import summarize as summarize_runs
 from services.cli.stack import UP_LINE, free_ports
@@ -367,7 +368,7 @@ def run(
 def emit(line: dict[str, Any], out: TextIO | None) -> None:
     """Print one JSON line without its ``samples`` (hundreds of numbers), and append it whole
     to ``out`` (flushed: a bench may stop half-way)."""
-    print(json.dumps({k: v for k, v in line.items() if k != "samples"}), flush=True)
+    print(json.dumps(without_samples(line)), flush=True)
     if out is not None:
         out.write(json.dumps(line) + "\n")
         out.flush()

@@ -134,10 +134,8 @@ class Feed:
         now = self._clock()
         self.events.expire(now)
         cards = {}
-        if self.directory is not None:
-            view = self.directory.view
-            wall = time.time()
-            cards = {wid: c for wid, c in view.cards.items() if view.is_live(c, wall)}
+        if (directory := self.directory) is not None:
+            cards = {wid: c for wid, c in directory.view.cards.items() if directory.is_live(c)}
         for history in self.scrapes.values():
             while history and history[0].at < now - KEEP_S:
                 history.popleft()

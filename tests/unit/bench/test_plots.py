@@ -160,7 +160,7 @@ class TestRouting:
 
     @needs_matplotlib
     def test_decide_latency_by_fleet_size(self, tmp_path: Path) -> None:
-        assert_png(plot_decide_latency([routing_object()], tmp_path / "decide.png"))
+        assert_png(plot_decide_latency(decide_table([routing_object()]), tmp_path / "decide.png"))
 
 
 class TestFiles:

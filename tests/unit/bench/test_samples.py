@@ -12,7 +12,7 @@ import pytest
 from bench.httpclient import Record
 from bench.loadgen_samples import main as loadgen_main
 from bench.loadgen_samples import request_samples
-from bench.samples import MAX_SAMPLES, bounded, latency_samples
+from bench.samples import MAX_SAMPLES, bounded, latency_samples, without_samples
 from bench.serving import summarize
 from bench.side_by_side_report import run_line
 
@@ -26,6 +26,19 @@ def test_bounded_keeps_min_max_and_even_order_statistics_above_the_limit() -> No
     kept = bounded(values, limit=5)
     assert kept == [0.0, 500.0, 1000.0, 1500.0, 2000.0]
     assert len(bounded(values)) == MAX_SAMPLES
+
+
+def test_without_samples_leaves_them_out_at_any_depth_and_keeps_the_rest() -> None:
+    record = {
+        "a": {"16": {"p50_us": 30.0}},
+        "b": {"kv": {"kv_hit_rate": 0.9, "samples": {"ttft_ms": [1.0]}}},
+        "samples": {"ttft_ms": [2.0]},
+    }
+    assert without_samples(record) == {
+        "a": {"16": {"p50_us": 30.0}},
+        "b": {"kv": {"kv_hit_rate": 0.9}},
+    }
+    assert record["samples"] == {"ttft_ms": [2.0]}  # the record itself is left as it was
 
 
 def test_latency_samples_counts_the_requests_they_stand_for() -> None:
