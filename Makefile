@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-engines test-vllm bench-gpu _test-all test-unit test-integration test-e2e test-chaos test-compose test-containers images-local up down lint fmt typecheck proto bench bench-c1 bench-hops bench-ab bench-gateway bench-burst bench-routing config-doc clean
+.PHONY: help install run test test-engines test-vllm bench-gpu _test-all test-unit test-integration test-e2e test-chaos test-compose test-containers images-local up down lint fmt typecheck proto bench bench-c1 bench-hops bench-ab bench-gateway bench-burst bench-routing bench-chaos config-doc clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-18s %s\n",$$1,$$2}'
@@ -67,7 +67,7 @@ test-integration: $(STAMP) ## tests against a real nats-server
 test-e2e: $(STAMP) ## every service as a process, driven by the openai client
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
-test-chaos: $(STAMP) ## chaos suite: one fault at a time under streaming load, one JSON line per scenario (issue 9)
+test-chaos: $(STAMP) ## chaos suite: one fault at a time under streaming load, correctness only (times: bench-chaos), one JSON line per scenario (issue 9)
 	$(PY) -m pytest tests/chaos -m chaos -s $(PYTEST_ARGS)
 
 test-compose: $(STAMP) ## the compose test: starts dockerd and builds local images if needed
@@ -120,6 +120,9 @@ bench-gateway: $(STAMP) ## gateway CPU per request alone: HTTP vs KServe gRPC (b
 
 bench-burst: $(STAMP) ## overload: gateway RSS and ok/503 at c=64, then a 10x burst (c=640); limit 128, then none
 	$(PY) -m bench.burst $(ARGS)
+
+bench-chaos: $(STAMP) ## chaos recovery times vs issue 9's bounds (ARGS="--rounds 3 --scenarios sigkill-preprocessor"); JSON lines in .bench/
+	$(PY) -m bench.chaos --out $(BENCH_OUT)-chaos.jsonl $(ARGS)
 
 bench-routing: $(STAMP) ## router benchmark: decision latency + events/s (a), shared-prefix kv vs round-robin (b); JSON + plots in .bench/
 	$(PY) -m bench.routing --part a b --out $(BENCH_OUT)-routing.json $(ARGS)

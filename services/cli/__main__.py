@@ -8,6 +8,7 @@ import argparse
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from services.cli import nats_config, tap
 from services.cli.config import UpPlan, add_up_options, up_plan
@@ -42,6 +43,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def stack_config(plan: UpPlan, model_path: Path) -> StackConfig:
+    """The stack ``plan`` asks for, serving the model at ``model_path``: every option of
+    ``jetserve up`` but ``--keep-run-dir`` (``_up``'s own) is handed on here."""
+    up = plan.up
+    return StackConfig(
+        http_host=up.http_host,
+        http_port=up.http_port,
+        grpc_port=up.grpc_port,
+        nats_port=up.nats_port,
+        nats_url=up.nats_url or None,
+        namespace=str(plan.common["namespace"]),
+        workers=up.workers,
+        engine=up.engine,
+        mocker_args=up.worker_args,
+        routers=up.routers,
+        formatters=up.formatters,
+        preprocessors=up.preprocessors,
+        tensor_workers=up.tensor_workers,
+        embedders=up.embedders,
+        embedding_model_name=up.embedding_model_name,
+        media_workers=up.media_workers,
+        model_path=str(model_path),
+        model_name=up.model_name,
+        log_level=str(plan.common["log_level"]),
+        log_format=str(plan.common["log_format"]),
+        log_to_terminal=up.log_to_terminal,
+        run_dir=up.run_dir,
+        service_args=plan.service_args,
+        extra_env=plan.nats_env(),
+        secure=up.secure,
+    )
+
+
 def _up(plan: UpPlan) -> int:
     up = plan.up
     model_path = up.model_path
@@ -53,34 +87,7 @@ def _up(plan: UpPlan) -> int:
             return 2
     if up.run_dir is not None:
         up.run_dir.mkdir(parents=True, exist_ok=True)
-    stack = Stack(
-        StackConfig(
-            http_host=up.http_host,
-            http_port=up.http_port,
-            grpc_port=up.grpc_port,
-            nats_port=up.nats_port,
-            nats_url=up.nats_url or None,
-            namespace=str(plan.common["namespace"]),
-            workers=up.workers,
-            engine=up.engine,
-            mocker_args=up.worker_args,
-            routers=up.routers,
-            formatters=up.formatters,
-            preprocessors=up.preprocessors,
-            tensor_workers=up.tensor_workers,
-            embedders=up.embedders,
-            embedding_model_name=up.embedding_model_name,
-            model_path=str(model_path),
-            model_name=up.model_name,
-            log_level=str(plan.common["log_level"]),
-            log_format=str(plan.common["log_format"]),
-            log_to_terminal=up.log_to_terminal,
-            run_dir=up.run_dir,
-            service_args=plan.service_args,
-            extra_env=plan.nats_env(),
-            secure=up.secure,
-        )
-    )
+    stack = Stack(stack_config(plan, model_path))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -93,6 +100,8 @@ def _up(plan: UpPlan) -> int:
     tensors = f", tensor model echo on {up.tensor_workers} workers" if up.tensor_workers else ""
     if up.embedders:
         tensors += f", embedding model {up.embedding_model_name} on {up.embedders} workers"
+    if up.media_workers:
+        tensors += f", image and video models on {up.media_workers} media workers"
     stages = {"preprocessor": up.preprocessors, "router": up.routers, "formatter": up.formatters}
     replicas = "".join(f", {n} {name}s" for name, n in stages.items() if n > 1)
     print(

@@ -3,16 +3,22 @@
 ``Gateway`` opens the request context (request id, access line, metrics) for every HTTP request,
 hands the inference paths (``endpoints.ENDPOINTS``: chat, completions, Anthropic Messages,
 Responses) to ``Relay`` (raw ASGI, ADR 010) once ``Admission`` gives them a slot
-(``--max-concurrent-requests``, shared with gRPC; else 503 before the body is read, 529 in
-Anthropic's dialect), and
+(``--max-concurrent-requests``, shared with gRPC, at most ``--max-connection-share`` of them per
+client connection; else 503 before the body is read, 529 in Anthropic's dialect), and
 everything else (probes, listing, ``/openapi.json``, unknown routes, lifespan) to the Litestar
 app. The lifespan starts the bus, then the gRPC server (``serve_grpc``, ADR 015) in the same
 event loop; it stops them in the reverse order.
+
+An admitted request's body must arrive within ``--body-timeout-s`` and each of its writes go out
+within ``--send-timeout-s`` (``stalls.py``): past either, the connection is aborted, which ends
+the request as a disconnect (``Cancel(client_disconnected)`` on the bus) with
+``error=body_timeout`` / ``send_timeout`` on its access line and in ``jetserve_errors_total``,
+and frees its slot.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -27,7 +33,7 @@ from services.gateway.admission import Admission
 from services.gateway.auth import ApiKeys
 from services.gateway.bus import GatewayBus
 from services.gateway.config import GatewayConfig
-from services.gateway.context import RequestContext, request_context, send_with_id
+from services.gateway.context import RequestContext, note_error, request_context, send_with_id
 from services.gateway.embeddings import build_embedding_routes
 from services.gateway.endpoints import ENDPOINTS
 from services.gateway.grpc_server import GrpcServer
@@ -36,6 +42,7 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import openapi_config
 from services.gateway.relay import PATHS, Readiness, Relay
 from services.gateway.routes import build_routes
+from services.gateway.stalls import BODY_TIMEOUT, SEND_TIMEOUT, BodyDeadline, BoundedSend
 from shared.errors import ServiceError, Unauthenticated
 from shared.notify import notify_ready
 
@@ -59,7 +66,9 @@ def create_app(
     readiness = readiness or Readiness()
     metrics = metrics or GatewayMetrics()
     metrics.base.track_in_flight(lambda: bus.in_flight)
-    admission = admission or Admission(config.max_concurrent_requests)
+    admission = admission or Admission(
+        config.max_concurrent_requests, connection_share=config.max_connection_share
+    )
     metrics.track_admission(admission)
     # One limit for both protocols.
     keys = ApiKeys(config.api_keys(), protect_metrics=config.protect_metrics)
@@ -114,7 +123,10 @@ def create_app(
         logging_config=None,
         debug=False,
     )
-    return Gateway(app, Relay(config, bus, readiness), metrics, grpc, admission, keys)
+    relay = Relay(config, bus, readiness)
+    return Gateway(
+        app, relay, metrics, grpc, admission, keys, config.send_timeout_s, config.body_timeout_s
+    )
 
 
 ADMITTED_ROUTES = frozenset({embeddings.PATH, media.IMAGES_PATH, media.VIDEOS_PATH})
@@ -126,7 +138,16 @@ class Gateway:
     without a valid one (``auth.ApiKeys``); inference → ``Relay``, and the inference routes
     Litestar serves (``ADMITTED_ROUTES``), within ``admission``; the rest → Litestar."""
 
-    __slots__ = ("_admission", "_app", "_keys", "_metrics", "_relay", "grpc")
+    __slots__ = (
+        "_admission",
+        "_app",
+        "_body_timeout_s",
+        "_keys",
+        "_metrics",
+        "_relay",
+        "_send_timeout_s",
+        "grpc",
+    )
 
     def __init__(
         self,
@@ -136,8 +157,12 @@ class Gateway:
         grpc: GrpcServer | None = None,
         admission: Admission | None = None,
         keys: ApiKeys | None = None,
+        send_timeout_s: float = 30.0,
+        body_timeout_s: float = 30.0,
     ) -> None:
         self._app = app
+        self._send_timeout_s = send_timeout_s
+        self._body_timeout_s = body_timeout_s
         self._keys = keys or ApiKeys(())
         self._relay = relay
         self._metrics = metrics
@@ -154,7 +179,11 @@ class Gateway:
                     await self._infer(ctx, scope, receive, send)
                 elif scope["path"] in ADMITTED_ROUTES and scope["method"] == "POST":
                     await self._admitted(
-                        ctx, send, lambda: self._app(scope, receive, send_with_id(ctx, send))
+                        ctx,
+                        scope,
+                        receive,
+                        send,
+                        lambda rx, tx: self._app(scope, rx, send_with_id(ctx, tx)),
                     )
                 else:
                     await self._app(scope, receive, send_with_id(ctx, send))
@@ -182,29 +211,46 @@ class Gateway:
             return
         await self._admitted(
             ctx,
+            scope,
+            receive,
             send,
-            lambda: self._relay.serve(ctx, scope, receive, send),
+            lambda rx, tx: self._relay.serve(ctx, scope, rx, tx),
             ENDPOINTS[ctx.path].dialect,
         )
 
     async def _admitted(
         self,
         ctx: RequestContext,
+        scope: HTTPScope,
+        receive: Receive,
         send: Send,
-        serve: Callable[[], Awaitable[None]],
+        serve: Callable[[Receive, Send], Awaitable[None]],
         dialect: responses.ErrorDialect = responses.OPENAI,
     ) -> None:
-        """Run ``serve`` holding an admission slot until the response has ended (or the client
+        """Run ``serve`` with a bounded ``receive`` and ``send`` (``stalls``), holding an
+        admission slot for the client's connection until the response has ended (or the client
         went, or the task was cancelled); refuse a request that gets none at once, its body
         unread, in ``dialect``."""
         admission = self._admission
-        if not admission.try_enter():
-            await responses.send_refusal(ctx, send, admission.refusal(), dialect)
+        client = scope.get("client")  # (host, port): one per TCP connection
+        owner: Hashable | None = None if client is None else tuple(client)
+        if not admission.try_enter(owner):
+            await responses.send_refusal(ctx, send, admission.refusal(owner), dialect)
             return
+        body = BodyDeadline(receive, send, self._body_timeout_s)
+        bounded = BoundedSend(send, self._send_timeout_s)
         try:
-            await serve()
+            await serve(body, bounded)
         finally:
-            admission.leave()
+            body.cancel()
+            admission.leave(owner)
+            if body.timed_out:
+                ctx.status = 408
+                note_error(BODY_TIMEOUT)
+                log.warning("body_timed_out", timeout_s=self._body_timeout_s)
+            elif bounded.timed_out:
+                note_error(SEND_TIMEOUT)
+                log.warning("send_timed_out", timeout_s=self._send_timeout_s)
 
 
 def render_service_error(_: Request[Any, Any, Any], exc: ServiceError) -> Response[bytes]:

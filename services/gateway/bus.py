@@ -247,6 +247,7 @@ class GatewayBus:
         )
         await self._directory.start()
         self._files = ModelFiles(js, self.subjects)
+        await self._files.watch()  # a model republished with another card is read afresh
         self._sub = await nc.subscribe(
             self.subjects.reply_all(config.gateway_id), cb=self._on_reply
         )
@@ -262,6 +263,8 @@ class GatewayBus:
         await self._background.close(grace_s=2)
         if self._directory is not None:
             await self._directory.stop()
+        if self._files is not None:
+            await self._files.stop()
         if self._nc is not None and not self._nc.is_closed:
             with contextlib.suppress(NatsError, TimeoutError):
                 await self._nc.drain()
@@ -361,7 +364,7 @@ class GatewayBus:
         )
 
     async def model_card(self, model: str) -> ModelCard | None:
-        """The model's card from the object store (cached once found)."""
+        """The model's card from the object store (cached until the store changes it)."""
         assert self._files is not None, "start() first"
         try:
             return await self._files.card(model)

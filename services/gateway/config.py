@@ -54,6 +54,19 @@ class GatewayConfig(CommonConfig):
         le=WINDOW_MAX,
         also_env=("JETSERVE_GRPC_INITIAL_STREAM_WINDOW_SIZE",),
     )
+    grpc_max_connection_buffer_size: int = setting(
+        64 * 1024 * 1024,
+        "Bytes of unfinished gRPC request messages one connection may have buffered, all its "
+        "streams together (at least --grpc-max-message-size); the stream that brings more fails "
+        "RESOURCE_EXHAUSTED",
+        ge=65_535,
+    )
+    grpc_idle_timeout_s: float = setting(
+        300.0,
+        "A gRPC connection with no call for this long (checked as often, so up to twice it) is "
+        "sent GOAWAY and closed; clients reconnect",
+        gt=0,
+    )
     grpc_max_message_size: int = setting(
         64 * 1024 * 1024,
         "Largest gRPC message, bytes, in both directions (larger ones fail RESOURCE_EXHAUSTED)",
@@ -104,6 +117,27 @@ class GatewayConfig(CommonConfig):
         "instead of held: each request in flight holds its body (up to 10 MB) and its "
         "buffered replies",
         ge=0,
+    )
+    max_connection_share: float = setting(
+        0.25,
+        "The share of --max-concurrent-requests one client connection (HTTP/1.1 or HTTP/2) may "
+        "hold; one more from it is refused like a full gateway (503 / UNAVAILABLE). 1 = no share",
+        gt=0,
+        le=1,
+    )
+    body_timeout_s: float = setting(
+        30.0,
+        "An admitted HTTP request's whole body must arrive within this long (a client that "
+        "trickles or withholds it would hold its slot): past it the connection is closed and the "
+        "slot freed",
+        gt=0,
+    )
+    send_timeout_s: float = setting(
+        30.0,
+        "A response write (HTTP or gRPC) that cannot go out within this long (the client stopped "
+        "reading) ends the request: the HTTP connection is closed or the gRPC stream reset, and "
+        "its admission slot is freed",
+        gt=0,
     )
 
     allow_unknown_fields: bool = setting(

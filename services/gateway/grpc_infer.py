@@ -22,6 +22,7 @@ from services.gateway.context import RequestContext, note_error
 from services.gateway.errors import NoResponders
 from services.gateway.grpcserver.connection import StreamReset
 from services.gateway.kserve import (
+    check_output,
     fill_tensors,
     fill_text,
     mark_final,
@@ -48,7 +49,7 @@ from shared.errors import (
 )
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve_wire import usage_parameters
-from shared.messages import KServeOutput, ResponseChunk, TensorInfer, TensorResult
+from shared.messages import KServeOutput, ModelCard, ResponseChunk, TensorInfer, TensorResult
 
 log = structlog.get_logger(__name__)
 
@@ -73,15 +74,13 @@ class Inference:
         self._readiness = readiness
         self._first_timeout_s = config.request_timeout_s
         self._idle_timeout_s = config.stream_idle_timeout_s
-        self._views: dict[str, ModelView] = {}
-        """Per model, built once from its card (the bus caches cards the same way)."""
+        self._views: dict[str, tuple[ModelCard, ModelView]] = {}
+        """Per model, the view built from its card, while the bus gives that same card (the
+        bus follows the registry: a model republished with another card gets a new view)."""
 
     async def view(self, name: str, version: str = "") -> ModelView:
         """The model's KServe view; ``ModelNotFound`` for a model no worker ever published."""
         check_version(name, version)
-        view = self._views.get(name)
-        if view is not None:
-            return view
         if not name:
             raise InvalidRequest("`model_name` must not be empty.", param="model_name")
         card = await self._bus.model_card(name)
@@ -89,7 +88,11 @@ class Inference:
             if not self._bus.is_live(name):
                 raise ModelNotFound(name)
             return view_of(name, None)  # a live worker that published no card: an LLM
-        view = self._views[name] = view_of(name, card)
+        built = self._views.get(name)
+        if built is not None and built[0] == card:
+            return built[1]
+        view = view_of(name, card)
+        self._views[name] = (card, view)
         return view
 
     async def run(
@@ -268,12 +271,15 @@ class Inference:
         )
         result = await self._tensor_result(infer, workers, deadline)
         ctx.mark_first_response()
+        outputs = [o for o in result.outputs if not wanted or o.name in wanted]
+        for output in outputs:
+            check_output(output)
         response = pb.ModelInferResponse()
         fill_tensors(
             response,
             model=model,
             request_id=result.id or request.id,
-            outputs=[o for o in result.outputs if not wanted or o.name in wanted],
+            outputs=outputs,
             model_version=result.model_version,
             parameters=result.parameters,
         )

@@ -40,10 +40,13 @@ HEALTH_INTERVAL_S = 0.5
 
 
 def http2_settings(config: GatewayConfig) -> Http2Settings:
-    """The receive windows the server advertises."""
+    """The receive windows the server advertises, and its limits."""
     return Http2Settings(
         stream_window=config.grpc_initial_stream_window_size,
         connection_window=config.grpc_initial_connection_window_size,
+        max_partial=max(config.grpc_max_connection_buffer_size, config.grpc_max_message_size),
+        send_timeout_s=config.send_timeout_s,
+        idle_timeout_s=config.grpc_idle_timeout_s,
     )
 
 

@@ -8,7 +8,8 @@ stream: then the stream is not read until one is answered); their responses carr
 ``id``; the stream ends once the client has half-closed and every request is answered.
 
 Each inference request takes a slot of the gateway's ``Admission`` (``--max-concurrent-requests``,
-shared with HTTP) before any work and holds it until its response is written; without one it
+shared with HTTP; its connection holds at most ``--max-connection-share`` of them) before any
+work and holds it until its response is written (or ``--send-timeout-s`` resets it); without one it
 fails UNAVAILABLE (as Triton answers a full queue) with a ``retry-after`` trailer, or as a
 stream error.
 """
@@ -206,7 +207,7 @@ class InferenceServicer:
     ) -> None:
         with grpc_context("ModelStreamInfer", self._metrics) as ctx:
             try:
-                with self.admission:  # until its last response is written
+                with self.admission.slot(context.connection):  # until its last response is out
                     await self._inference.stream(request, ctx, context, deadline)
                 return
             except StreamReset:  # the call is over (the client went): nobody to answer
@@ -224,10 +225,10 @@ class InferenceServicer:
     def _admit(self, context: Context) -> None:
         """Take a slot for a unary call until it is over (its response written, or the call
         aborted or cancelled); ``Overloaded`` when none is free."""
-        admission = self.admission
-        if not admission.try_enter():
-            raise admission.refusal()
-        context.add_done_callback(lambda _: admission.leave())
+        admission, owner = self.admission, context.connection
+        if not admission.try_enter(owner):
+            raise admission.refusal(owner)
+        context.add_done_callback(lambda _: admission.leave(owner))
 
 
 def _failed(ctx: RequestContext, exc: ServiceError) -> grpc.StatusCode:

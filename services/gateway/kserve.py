@@ -4,16 +4,20 @@ Raw contents are row-major little-endian; a ``BYTES`` element is a 4-byte little
 then the bytes (Triton's ``raw_input_contents`` / ``raw_output_contents``). Typed ``contents``
 are accepted too and turned into the same raw form. Every way a tensor can be wrong ends as
 ``InvalidRequest`` naming the input (``param``); the gRPC error table makes it INVALID_ARGUMENT.
+A worker's output tensor is held to the same sizes (``check_output``): one that is wrong is the
+worker's fault, ``InternalError`` naming the output (INTERNAL), never a response a client's
+decoder then fails on.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared.errors import InvalidRequest
+from shared.errors import InternalError, InvalidRequest
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve import model_config_pb2 as mc
 from shared.messages import Tensor
@@ -282,6 +286,50 @@ def fill_text(
 def mark_final(response: pb.ModelInferResponse, final: bool) -> None:
     """Set the stream parameter ``triton_final_response`` (clients loop until it is true)."""
     response.parameters["triton_final_response"].bool_param = final
+
+
+def check_output(tensor: Tensor) -> None:
+    """A worker's output holds exactly what its datatype and shape say: product(shape) x the
+    element size in bytes, or for ``BYTES`` that many length-prefixed elements ending exactly
+    at the end of the data. ``InternalError`` naming the output otherwise."""
+    name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
+    kind = DATATYPES.get(datatype)
+    if kind is None:
+        raise InternalError(f"The worker's output `{name}` has unknown datatype `{datatype}`.")
+    if any(dim < 0 for dim in shape):
+        raise InternalError(f"The worker's output `{name}` has a negative dimension: {shape}.")
+    count = math.prod(shape)
+    size = len(tensor.data)
+    if kind.size:
+        if size != count * kind.size:
+            raise InternalError(
+                f"The worker's output `{name}` ({datatype}, shape {shape}) has {size} bytes; "
+                f"its shape and datatype need {count * kind.size}."
+            )
+        return
+    found = _bytes_elements(tensor.data)
+    if found is None:
+        raise InternalError(
+            f"The worker's output `{name}` (BYTES, shape {shape}): its element lengths do not "
+            f"cover its {size} bytes exactly."
+        )
+    if found != count:
+        raise InternalError(
+            f"The worker's output `{name}` holds {found} BYTES elements; its shape {shape} "
+            f"says {count}."
+        )
+
+
+def _bytes_elements(raw: bytes) -> int | None:
+    """How many length-prefixed elements ``raw`` holds; ``None`` unless they end at its end."""
+    offset, end, found = 0, len(raw), 0
+    while offset < end:
+        if offset + 4 > end:
+            return None
+        (length,) = _LENGTH.unpack_from(raw, offset)
+        offset += 4 + length
+        found += 1
+    return found if offset == end else None
 
 
 def fill_tensors(

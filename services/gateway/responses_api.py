@@ -12,7 +12,8 @@ chat request (``translate.chat_from``), whose ``Preprocess`` asks for ``output.f
   ``reasoning_content``;
 - ``tools`` (flat ``{"type": "function", "name", "description", "parameters"}``), ``tool_choice``
   (``none`` / ``auto`` / ``required`` / ``{"type": "function", "name"}``),
-  ``parallel_tool_calls``; ``max_output_tokens`` -> ``max_tokens``; ``temperature``, ``top_p``;
+  ``parallel_tool_calls``; ``max_output_tokens`` -> ``max_tokens``; ``temperature``, ``top_p``,
+  ``presence_penalty``, ``frequency_penalty``;
   ``reasoning.effort`` -> ``enable_thinking`` (``none`` turns it off); ``text.format``
   ``json_schema`` / ``json_object`` -> guided JSON; ``top_logprobs`` (or ``include`` of
   ``message.output_text.logprobs``) -> log-probabilities on the output text.
@@ -31,7 +32,7 @@ from msgspec import Meta
 
 from services.gateway.bodies import Decoders, invalid
 from services.gateway.nvext import NO_HEADERS, RoutingHeaders
-from services.gateway.openai_types import ChatCompletionRequest
+from services.gateway.openai_types import ChatCompletionRequest, Penalty
 from services.gateway.translate import chat_from, chat_to_preprocess
 from shared.errors import InvalidRequest
 from shared.messages import Preprocess
@@ -87,6 +88,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     max_output_tokens: Annotated[int, Meta(ge=MIN_OUTPUT_TOKENS)] | None = None
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     stream: bool | None = None
     reasoning: ReasoningParam | None = None
@@ -310,7 +313,14 @@ def chat_fields(request: ResponsesRequest) -> dict[str, Any]:
             if isinstance(choice, str)
             else {"type": "function", "function": {"name": choice.name}}
         )
-    for name in ("parallel_tool_calls", "temperature", "top_p", "stream"):
+    for name in (
+        "parallel_tool_calls",
+        "temperature",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "stream",
+    ):
         value = getattr(request, name)
         if value is not None:
             fields[name] = value
@@ -335,7 +345,9 @@ def chat_fields(request: ResponsesRequest) -> dict[str, Any]:
 
 def echo_fields(request: ResponsesRequest) -> dict[str, Any]:
     """The request parameters a ``response`` object repeats, as OpenAI shows them (defaults
-    filled in; ``store`` is always ``false``: nothing is stored)."""
+    filled in; ``store`` is always ``false``: nothing is stored). The OpenResponses schema
+    requires every one of them, those not acted on (``safety_identifier``, ``prompt_cache_key``)
+    included."""
     reasoning = request.reasoning
     text = request.text
     choice = request.tool_choice
@@ -344,10 +356,14 @@ def echo_fields(request: ResponsesRequest) -> dict[str, Any]:
         "max_output_tokens": request.max_output_tokens,
         "max_tool_calls": request.max_tool_calls,
         "parallel_tool_calls": _default(request.parallel_tool_calls, True),
+        "presence_penalty": _default(request.presence_penalty, 0.0),
+        "frequency_penalty": _default(request.frequency_penalty, 0.0),
+        "prompt_cache_key": request.prompt_cache_key,
         "reasoning": {
             "effort": reasoning.effort if reasoning is not None else None,
             "summary": reasoning.summary if reasoning is not None else None,
         },
+        "safety_identifier": request.safety_identifier,
         "store": False,
         "temperature": _default(request.temperature, 1.0),
         "text": {

@@ -4,6 +4,9 @@ A directory watches the workers bucket and expires cards by TTL locally, because
 expiry sends watchers nothing. A restarted nats-server forgets the watch's consumer: the
 directory notices within a second or so, watches again (a fresh view of every key) and does
 not count the time it could not see the bucket against any card.
+
+``ModelFiles`` caches what it read; once ``watch()``ed it follows the object store, so a model
+republished with another card (a worker upgraded with new inputs) is read afresh.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from shared.registry.layout import (
     object_name,
     workers_bucket,
 )
+from shared.registry.store_watch import StoreWatch, cancel_task
 from shared.subjects import Subjects
 
 log = structlog.get_logger(__name__)
@@ -43,7 +47,6 @@ log = structlog.get_logger(__name__)
 WATCH_CHECK_S = 1.0
 """How often the directory asks the server whether its watch still exists."""
 WATCH_CHECK_TIMEOUT_S = 1.0
-STOP_ATTEMPTS = 3
 MAX_BLIND_SPANS = 8
 
 
@@ -219,16 +222,7 @@ class WorkerDirectory:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            # Python 3.11's wait_for may swallow a cancel that lands as its inner call ends
-            # (the guard's consumer check): cancel until the task is done, bounded.
-            for _ in range(STOP_ATTEMPTS):
-                task.cancel()
-                await asyncio.wait({task}, timeout=WATCH_CHECK_S)
-                if task.done():
-                    break
-            with contextlib.suppress(asyncio.CancelledError):
-                if task.done():
-                    task.result()
+            await cancel_task(task, WATCH_CHECK_S)
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
@@ -313,7 +307,13 @@ DISK_CACHE_MIN_BYTES = 64 * 1024
 
 
 class ModelFiles:
-    """Reads model cards and files from the object store; caches them per model."""
+    """Reads model cards and files from the object store; caches them per model.
+
+    Unwatched, a file once read is kept for good. Watched (``watch()``), a file is kept until
+    the store says its object changed, and everything is dropped whenever the watch starts
+    again (changes made meanwhile were not seen). A read that a change overtakes is returned
+    but not kept.
+    """
 
     def __init__(
         self, js: JetStreamContext, subjects: Subjects, *, disk: DiskCache | None = None
@@ -322,13 +322,33 @@ class ModelFiles:
         self._subjects = subjects
         self._store: ObjectStore | None = None
         self._cache: dict[tuple[str, str], bytes] = {}
+        self._cards: dict[str, ModelCard] = {}
+        """Decoded cards, dropped with their bytes."""
         self._disk = disk or DiskCache()
+        self._changes: dict[str, int] = {}
+        """Per model: changes seen (a read that began before one is not cached)."""
+        self._resets = 0
+        """Times everything was dropped at once."""
+        self._watch: StoreWatch | None = None
+
+    async def watch(self) -> None:
+        """Follow the store from now on (``stop()`` ends it)."""
+        self._watch = StoreWatch(
+            self._js, self._subjects.models_store, on_change=self.changed, on_reset=self.reset
+        )
+        await self._watch.start()
+
+    async def stop(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            await watch.stop()
 
     async def get(self, model: str, file: str) -> bytes | None:
         """One file of a model (``None`` if the model or the file was never published)."""
         key = (model, file)
         if key in self._cache:
             return self._cache[key]
+        seen = self._revision(model)
         if self._store is None:
             self._store = await models_store(self._js, self._subjects)
         name = object_name(model, file)
@@ -340,16 +360,44 @@ class ModelFiles:
             data = await read_object(self._store, name)
             if data is not None and len(data) >= DISK_CACHE_MIN_BYTES:
                 self._disk.put(data)
-        if data is not None:
+        if data is not None and self._revision(model) == seen:
             self._cache[key] = data
         return data
 
     async def card(self, model: str) -> ModelCard | None:
         """The model's card, or ``None`` if no worker ever published this model."""
+        card = self._cards.get(model)
+        if card is not None:
+            return card
+        seen = self._revision(model)
         data = await self.get(model, CARD)
-        return codec.decode(data, ModelCard) if data else None
+        if not data:
+            return None
+        card = codec.decode(data, ModelCard)
+        if self._revision(model) == seen:
+            self._cards[model] = card
+        return card
+
+    def changed(self, name: str) -> None:
+        """The store's object ``name`` (``<model>/<file>``) was put or deleted: drop it."""
+        model, _, file = name.rpartition("/")
+        self._changes[model] = self._changes.get(model, 0) + 1
+        self._cache.pop((model, file), None)
+        if file == CARD:
+            self._cards.pop(model, None)
+
+    def reset(self) -> None:
+        """Drop every cached file (what changed while nothing watched is unknown)."""
+        self._resets += 1
+        self._cache.clear()
+        self._cards.clear()
 
     def forget(self, model: str) -> None:
         """Drop a model's cached files (after a worker republished them)."""
+        self._changes[model] = self._changes.get(model, 0) + 1
+        self._cards.pop(model, None)
         for key in [k for k in self._cache if k[0] == model]:
             del self._cache[key]
+
+    def _revision(self, model: str) -> tuple[int, int]:
+        return self._resets, self._changes.get(model, 0)

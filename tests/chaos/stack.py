@@ -26,9 +26,44 @@ from tests.chaos.report import counter_increase, counter_samples, has_counter
 STOP_BOUND_S = 40.0
 """How long the launcher may take to stop everything after SIGTERM before it is killed."""
 REQUEST_TIMEOUT_S = 10.0
-"""The gateway's deadlines in the suite (first response, and gap between chunks), so that a
+"""The gateway's deadlines in the benchmark (first response, and gap between chunks), so that a
 request stuck on a fault becomes a typed 504 inside a scenario rather than after 60 s; longer
 than the gateway's retry budget (5 s) and the 8 s NATS pause, so neither is cut short."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """The gateway's deadlines a stack runs with, and the load's per-request deadline."""
+
+    request_timeout_s: float = REQUEST_TIMEOUT_S
+    """First response, and gap between chunks (``--gateway-request-timeout-s``,
+    ``--gateway-stream-idle-timeout-s``)."""
+    retry_budget_s: float | None = None
+    """How long the gateway resubmits a request a restarting hop refused
+    (``--gateway-retry-budget-s``); ``None``: its default (5 s)."""
+
+    @property
+    def client_timeout_s(self) -> float:
+        """The load's deadline per request: past the gateway's, so its typed 504 comes first."""
+        return self.request_timeout_s + 10.0
+
+    def gateway_args(self) -> list[str]:
+        """The ``jetserve up`` flags that set them."""
+        args = [
+            *("--gateway-request-timeout-s", str(self.request_timeout_s)),
+            *("--gateway-stream-idle-timeout-s", str(self.request_timeout_s)),
+        ]
+        if self.retry_budget_s is not None:
+            args += ["--gateway-retry-budget-s", str(self.retry_budget_s)]
+        return args
+
+
+BENCH_DEADLINES = Deadlines()
+"""Issue 9's setting, which its recovery targets were set against (``bench.chaos``)."""
+PATIENT_DEADLINES = Deadlines(request_timeout_s=30.0, retry_budget_s=25.0)
+"""The tests': a process restarted slowly on a busy machine is waited for (requests resubmitted
+for 25 s, not 5) instead of turning into failures the correctness rules do not allow; on a
+machine that is not slow nothing waits longer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +92,15 @@ class UpStack:
     """One ``jetserve up`` launcher and the processes it runs, under ``workdir``."""
 
     def __init__(
-        self, workdir: Path, shape: Shape, model_dir: Path, cluster: LocalCluster | None = None
+        self,
+        workdir: Path,
+        shape: Shape,
+        model_dir: Path,
+        cluster: LocalCluster | None = None,
+        deadlines: Deadlines = BENCH_DEADLINES,
     ) -> None:
         self.workdir = workdir
+        self.deadlines = deadlines
         self.cluster = cluster
         """The NATS cluster the stack uses instead of a private nats-server (``--nats-url``)."""
         self.run_dir = workdir / "run"
@@ -92,8 +133,7 @@ class UpStack:
             *("--formatters", str(s.formatters), "--preprocessors", str(s.preprocessors)),
             *("--mocker-speedup-ratio", "1", "--mocker-seed", "1"),
             *("--formatter-metrics-port", str(self.metrics_ports[0])),
-            *("--gateway-request-timeout-s", str(REQUEST_TIMEOUT_S)),
-            *("--gateway-stream-idle-timeout-s", str(REQUEST_TIMEOUT_S)),
+            *self.deadlines.gateway_args(),
         ]
 
     def _nats_args(self) -> tuple[str, ...]:

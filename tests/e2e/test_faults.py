@@ -18,6 +18,10 @@ from services.cli.stack import Stack
 from tests.e2e.conftest import MODEL, start_stack
 
 CHAT = [{"role": "user", "content": "hello"}]
+REQUEST_TIMEOUT_S = 3.0
+"""The gateway's request and stream-idle timeouts here."""
+HANG_S = 60.0
+"""A wait only a hang runs into."""
 
 
 @pytest.fixture
@@ -29,7 +33,14 @@ def fault_stack(tmp_path: Path, model_dir: Path) -> Iterator[Stack]:
         workers=1,
         mocker_args="--speedup-ratio 1 --seed 1",
         extra_env={f"JETSERVE_{s}_WORKER_TTL_S": "2" for s in ("GATEWAY", "ROUTER", "MOCKER")},
-        service_args={"gateway": ["--request-timeout-s", "3", "--stream-idle-timeout-s", "3"]},
+        service_args={
+            "gateway": [
+                "--request-timeout-s",
+                f"{REQUEST_TIMEOUT_S:g}",
+                "--stream-idle-timeout-s",
+                f"{REQUEST_TIMEOUT_S:g}",
+            ]
+        },
     )
     try:
         yield s
@@ -48,18 +59,18 @@ def _child(stack: Stack, prefix: str) -> int:
     return next(pid for name, pid in stack.pids().items() if name.startswith(prefix))
 
 
-async def test_silent_router_gives_504_within_the_timeout(fault_stack: Stack) -> None:
+async def test_silent_router_gives_504_after_the_timeout(fault_stack: Stack) -> None:
     router = _child(fault_stack, "router")
     os.kill(router, signal.SIGSTOP)
     try:
         started = time.monotonic()
-        async with httpx.AsyncClient(base_url=fault_stack.base_url, timeout=20) as http:
+        async with httpx.AsyncClient(base_url=fault_stack.base_url, timeout=HANG_S) as http:
             resp = await http.post(
                 "/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "max_tokens": 2}
             )
         assert resp.status_code == 504
-        assert resp.json()["error"]["code"] == "timeout"
-        assert time.monotonic() - started < 10
+        assert resp.json()["error"]["code"] == "timeout"  # the gateway's answer, not a hang
+        assert time.monotonic() - started >= REQUEST_TIMEOUT_S  # not before the timeout
     finally:
         os.kill(router, signal.SIGCONT)
 
@@ -68,7 +79,7 @@ async def test_killed_last_worker_disappears_and_requests_get_503(fault_stack: S
     client = _client(fault_stack)
     assert [m.id for m in (await client.models.list()).data] == [MODEL]
     os.kill(_child(fault_stack, "mocker"), signal.SIGKILL)  # no chance to deregister
-    assert await _models_become_empty(client, timeout_s=15)
+    assert await _models_become_empty(client, timeout_s=HANG_S)  # TTL 2 s
     async with httpx.AsyncClient(base_url=fault_stack.base_url, timeout=10) as http:
         resp = await http.post(
             "/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "max_tokens": 2}
@@ -100,7 +111,7 @@ async def test_client_disconnect_cancels_the_request_at_the_worker(fault_stack: 
             if seen >= 3:
                 break
     mocker_log = fault_stack.run_dir / "mocker-0.log"
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline:
         events = [_event(line) for line in mocker_log.read_text().splitlines()]
         hits = [

@@ -1,6 +1,6 @@
 """A formatter or a gateway that dies mid-stream (decisions 017, 018): its hop notices at the
 next message (NATS bounces it), gives it a grace to come back (it may only be moving to another
-NATS node), then stops the request; whoever is left tells the client within seconds."""
+NATS node), then stops the request; whoever is left tells the client with a typed error."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ BODY = {
     "stream": True,
     "ignore_eos": True,
 }
+HANG_S = 60.0
+"""A wait only a hang runs into (what is waited for takes a few seconds)."""
 
 
 @pytest.fixture
@@ -53,19 +55,18 @@ def _logged(stack: Stack, log: str, request_id: str, event: str) -> bool:
 
 
 async def _until_logged(stack: Stack, log: str, request_id: str, event: str) -> float:
+    """When (``time.monotonic()``) ``log`` was first seen holding ``event`` for the request."""
     started = time.monotonic()
-    while time.monotonic() - started < 10:
+    while time.monotonic() - started < HANG_S:
         if _logged(stack, log, request_id, event):
-            return time.monotonic() - started
+            return time.monotonic()
         await asyncio.sleep(0.05)
     raise AssertionError(f"{log} never logged {event} for {request_id}")
 
 
-async def test_a_dead_formatter_ends_the_stream_with_a_typed_error_within_seconds(
-    hop_stack: Stack,
-) -> None:
+async def test_a_dead_formatter_ends_the_stream_with_a_typed_error(hop_stack: Stack) -> None:
     async with (
-        httpx.AsyncClient(base_url=hop_stack.base_url, timeout=20) as http,
+        httpx.AsyncClient(base_url=hop_stack.base_url, timeout=HANG_S) as http,
         http.stream("POST", "/v1/chat/completions", json=BODY) as resp,
     ):
         request_id = resp.headers["x-request-id"]
@@ -76,13 +77,11 @@ async def test_a_dead_formatter_ends_the_stream_with_a_typed_error_within_second
             if seen == 5:
                 break
         os.kill(_pid(hop_stack, "formatter"), signal.SIGKILL)
-        killed = time.monotonic()
         rest = [line async for line in lines]
-        ended_s = time.monotonic() - killed
     errors = [json.loads(x[6:]) for x in rest if x.startswith("data: {") and '"error"' in x]
+    # Ended by the worker's grace (1 s) or the gateway's stall probe (2 s, then 1 s unanswered):
+    # `formatter_lost`, not the gateway's idle `timeout`, nor a stream that never ends.
     assert [e["error"]["code"] for e in errors] == ["formatter_lost"]
-    # The worker's grace (1 s), or the gateway's stall probe (2 s, then 1 s unanswered).
-    assert ended_s < 5.0, f"the stream ended {ended_s:.2f}s after the formatter died"
     assert _logged(hop_stack, "mocker-0.log", request_id, "formatter_unreachable")
 
 
@@ -90,7 +89,7 @@ async def test_a_dead_gateway_gets_its_requests_stopped_at_the_worker(hop_stack:
     """The formatter gives a gateway whose chunks bounce ``GATEWAY_GRACE_S`` to come back and
     ask for a replay (decision 018), then cancels the worker."""
     async with (
-        httpx.AsyncClient(base_url=hop_stack.base_url, timeout=20) as http,
+        httpx.AsyncClient(base_url=hop_stack.base_url, timeout=HANG_S) as http,
         http.stream("POST", "/v1/chat/completions", json=BODY) as resp,
     ):
         request_id = resp.headers["x-request-id"]
@@ -99,7 +98,8 @@ async def test_a_dead_gateway_gets_its_requests_stopped_at_the_worker(hop_stack:
             seen += line.startswith("data: ")
             if seen == 5:
                 break
+        killed_at = time.monotonic()  # taken first: nothing can bounce before it
         os.kill(_pid(hop_stack, "gateway"), signal.SIGKILL)
-    took_s = await _until_logged(hop_stack, "formatter.log", request_id, "gateway_gone")
+    gone_at = await _until_logged(hop_stack, "formatter.log", request_id, "gateway_gone")
     await _until_logged(hop_stack, "mocker-0.log", request_id, "request_cancelled")
-    assert took_s < GATEWAY_GRACE_S + 2.0
+    assert gone_at - killed_at >= GATEWAY_GRACE_S  # the gateway was given its grace first

@@ -1,5 +1,6 @@
 """The OpenAI Responses API end to end (stateless ``/v1/responses``): every service a process,
-the official ``openai`` client, streaming and not, with a function tool."""
+the official ``openai`` client, streaming and not, with a function tool; every object and event
+as the wire carries it checked against the OpenResponses schema."""
 
 from __future__ import annotations
 
@@ -11,6 +12,12 @@ import openai
 import pytest
 
 from services.cli.stack import Stack
+from tests.contract.openresponses import (
+    WITH_RESPONSE,
+    event_errors,
+    missing_required,
+    response_errors,
+)
 from tests.e2e.conftest import MODEL
 
 WEATHER: Any = {
@@ -209,3 +216,52 @@ async def test_the_sdk_stream_helper_accumulates_the_final_response(
         ]
 
     assert without_ids(final) == without_ids(whole)
+
+
+ECHOED = {
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.25,
+    "safety_identifier": "user-7",
+    "prompt_cache_key": "shared-prefix",
+}
+"""Request fields the OpenResponses schema requires the response to repeat."""
+SCHEMA_REQUESTS: dict[str, dict[str, Any]] = {
+    "cut-by-the-token-limit": {"input": "Tell me about the sea.", "max_output_tokens": 16},
+    "a-required-tool-call": {
+        "input": "What is the weather in Paris?",
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "max_output_tokens": 200,
+    },
+}
+
+
+@pytest.mark.parametrize("fields", SCHEMA_REQUESTS.values(), ids=SCHEMA_REQUESTS.keys())
+async def test_every_response_object_meets_the_openresponses_schema(
+    client: openai.AsyncOpenAI, fields: dict[str, Any]
+) -> None:
+    """The body, and every streamed event (each ``response`` they carry included), as sent."""
+    kwargs: dict[str, Any] = {
+        "model": MODEL,
+        "reasoning": {"effort": "none"},
+        "safety_identifier": ECHOED["safety_identifier"],
+        "prompt_cache_key": ECHOED["prompt_cache_key"],
+        # Not in the SDK's signature (OpenAI's API has no penalties here; OpenResponses has).
+        "extra_body": {k: ECHOED[k] for k in ("presence_penalty", "frequency_penalty")},
+        **fields,
+    }
+    raw = await client.responses.with_raw_response.create(**kwargs)
+    body = json.loads(raw.content)
+    async with client.responses.with_streaming_response.create(**kwargs, stream=True) as sent:
+        lines = [line async for line in sent.iter_lines()]
+    events = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data:")]
+    responses = [body, *(e["response"] for e in events if e["type"] in WITH_RESPONSE)]
+    assert [e["type"] for e in events if e["type"] in WITH_RESPONSE][:2] == [
+        "response.created",
+        "response.in_progress",
+    ]
+    assert len(responses) == 4
+    assert [missing_required(r) for r in responses] == [[]] * 4
+    assert [response_errors(r) for r in responses] == [[]] * 4
+    assert [error for e in events for error in event_errors(e)] == []
+    assert [{k: r[k] for k in ECHOED} for r in responses] == [ECHOED] * 4

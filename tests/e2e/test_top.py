@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import openai
@@ -25,7 +25,12 @@ from services.cli.stack import Stack, free_port
 from services.cli.top.stats import Samples, parse
 from tests.e2e.conftest import MODEL, running_stack
 
-WINDOW_S = 4.0
+WINDOW_S = 10.0
+"""``top --once``'s window. The test's requests (about half a second's work) must all fall inside
+it, so it is long enough for a busy machine; the long streams (4000 tokens, over 20 s at real
+speed, longer when busy) outlast it."""
+HANG_S = 60.0
+"""A wait only a hang runs into."""
 SHORT_REQUESTS = 6
 LONG_STREAMS = 3
 CHAT: list[ChatCompletionMessageParam] = [
@@ -74,9 +79,14 @@ def _tables(text: str) -> dict[str, list[dict[str, str]]]:
 
 
 async def _open_stream(client: openai.AsyncOpenAI, max_tokens: int) -> AsyncIterator[object]:
-    """A streaming request whose first chunk has arrived (so it is in flight everywhere)."""
+    """A streaming request whose first chunk has arrived (so it is in flight everywhere); it
+    runs to ``max_tokens`` (no early EOS), which at real speed takes ~6 ms a token."""
     stream = await client.chat.completions.create(
-        model=MODEL, messages=CHAT, max_tokens=max_tokens, stream=True
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=max_tokens,
+        stream=True,
+        extra_body={"ignore_eos": True},
     )
     chunks = stream.__aiter__()
     await chunks.__anext__()
@@ -91,7 +101,7 @@ async def test_top_once_matches_the_stacks_own_metrics(top_stack: Stack) -> None
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert top.stderr is not None
-    line = await asyncio.wait_for(top.stderr.readline(), 20)
+    line = await asyncio.wait_for(top.stderr.readline(), HANG_S)
     assert b"gathering" in line, line
     client = openai.AsyncOpenAI(base_url=f"{top_stack.base_url}/v1", api_key="x", max_retries=0)
     longs = [await _open_stream(client, 4000) for _ in range(LONG_STREAMS)]
@@ -100,7 +110,7 @@ async def test_top_once_matches_the_stacks_own_metrics(top_stack: Stack) -> None
             model=MODEL, messages=CHAT, max_tokens=8, stream=True
         )
         _ = [chunk async for chunk in stream]
-    out, err = await asyncio.wait_for(top.communicate(), 30)
+    out, err = await asyncio.wait_for(top.communicate(), WINDOW_S + HANG_S)
     urls = runrecord.read(top_stack.run_dir).metrics
     gateway = _scrape(urls["gateway"])
     router = _scrape(urls["router"])
@@ -137,11 +147,12 @@ async def test_top_once_matches_the_stacks_own_metrics(top_stack: Stack) -> None
     assert r["event lag"] != "n/a"
 
 
-def _read_for(fd: int, seconds: float) -> bytes:
-    """What the terminal shows within ``seconds`` (bounded reads of the pty's master side)."""
+def _read_until(fd: int, done: Callable[[bytes], bool], timeout_s: float) -> bytes:
+    """What the terminal shows until ``done(shown)`` holds, the child closes its side, or
+    ``timeout_s`` (a hang guard) passes: bounded reads of the pty's master side."""
     got = b""
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
+    deadline = time.monotonic() + timeout_s
+    while not done(got) and (left := deadline - time.monotonic()) > 0:
         ready, _, _ = select.select([fd], [], [], min(left, 0.2))
         if ready:
             try:
@@ -159,15 +170,15 @@ def test_the_live_screen_redraws_and_quits_on_q(top_stack: Stack) -> None:
         stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
     )  # fmt: skip
     os.close(slave)
-    try:
-        shown = _read_for(master, 4.0)
+    try:  # two frames: it redraws (about once a second; however long a busy machine takes)
+        shown = _read_until(master, lambda got: got.count(b"jetserve top") >= 2, HANG_S)
         os.write(master, b"q")
-        code = top.wait(timeout=5)
+        code = top.wait(timeout=HANG_S)
     finally:
         if top.poll() is None:
             top.kill()
             top.wait(timeout=5)
         os.close(master)
     assert code == 0
-    assert shown.count(b"jetserve top") >= 2, shown[-2000:]  # redrawn about once a second
+    assert shown.count(b"jetserve top") >= 2, shown[-2000:]  # redrawn
     assert b"Workers" in shown

@@ -360,8 +360,10 @@ class H2Client:
         stream_id: int = self.conn.get_next_available_stream_id()
         headers = request_headers(method) if headers is None else headers
         self.conn.send_headers(stream_id, headers, end_stream=end_stream and not body)
-        if body:
-            self.conn.send_data(stream_id, body, end_stream=end_stream)
+        size = self.conn.max_outbound_frame_size
+        for i in range(0, len(body), size):  # within the windows: the caller's to make sure
+            last = i + size >= len(body)
+            self.conn.send_data(stream_id, body[i : i + size], end_stream=end_stream and last)
         self.flush()
         return stream_id
 

@@ -271,7 +271,7 @@ async def test_duplicate_chunks_are_dropped(
 # --- nobody holds it -----------------------------------------------------------------------------
 
 
-async def test_a_started_stream_nobody_holds_ends_with_formatter_lost_within_seconds(
+async def test_a_started_stream_nobody_holds_ends_with_formatter_lost(
     served: tuple[FakeHop, httpx.AsyncClient],
 ) -> None:
     hop, http = served
@@ -289,9 +289,10 @@ async def test_a_started_stream_nobody_holds_ends_with_formatter_lost_within_sec
     elapsed = time.monotonic() - started
     errors = [e["error"] for e in _events(response.content) if "error" in e]
     assert response.status_code == 200
+    # Ended by the probe's verdict, not by the request's 30 s timeout (that would be `timeout`).
     assert [(e["code"], e["type"]) for e in errors] == [("formatter_lost", "service_unavailable")]
     assert response.content.endswith(DONE)
-    assert STALL_PROBE_S <= elapsed < WAIT_S < TIMEOUT_S
+    assert elapsed >= STALL_PROBE_S  # not before the stall probe
     assert any(
         line["event"] == "request_lost_in_transit" and line["log_level"] == "warning"
         for line in logs
@@ -309,11 +310,9 @@ async def test_no_responders_to_a_probe_also_means_nobody_holds_it(
         await hop.stop_listening_for_resumes()
 
     hop.script = first_then_everyone_gone
-    started = time.monotonic()
     response = await http.post("/v1/chat/completions", json={**CHAT, "stream": True})
     errors = [e["error"] for e in _events(response.content) if "error" in e]
-    assert [e["code"] for e in errors] == ["formatter_lost"]
-    assert time.monotonic() - started < WAIT_S
+    assert [e["code"] for e in errors] == ["formatter_lost"]  # not the 30 s `timeout`
 
 
 async def test_a_request_nobody_holds_before_its_first_chunk_is_resubmitted(
@@ -457,5 +456,6 @@ async def test_a_request_in_flight_fails_with_a_typed_503_when_the_bus_stays_los
             failed_after = time.monotonic() - lost_at
         private_nats.start()  # for the teardown (the worker card's deregistration)
     errors = [e["error"] for e in _events(rest) if "error" in e]
+    # The bus-lost verdict, not the request's 30 s `timeout`; and not before the grace.
     assert [e["code"] for e in errors] == ["service_unavailable"]
-    assert BUS_LOST_GRACE_S <= failed_after < BUS_LOST_GRACE_S + WAIT_S
+    assert failed_after >= BUS_LOST_GRACE_S

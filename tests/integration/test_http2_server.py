@@ -33,6 +33,7 @@ from tests.integration.http2_support import (
     END_STREAM,
     LIMITS,
     PADDED,
+    SERVICE,
     WAIT_S,
     Kind,
     Probe,
@@ -116,6 +117,30 @@ class TestConnection:
             ack = await client.wait_for(lambda e: isinstance(e, h2.events.PingAckReceived))
         assert isinstance(ack, h2.events.PingAckReceived)
         assert ack.ping_data == b"\x00\x01\x02\x03\xfc\xfd\xfe\xff"
+
+    async def test_a_busy_stock_client_stays_within_every_flood_budget(self, port: int) -> None:
+        """The grpcio client at c=64 on bidi streams, as tritonclient's ModelStreamInfer: it
+        sends a WINDOW_UPDATE per message it reads and BDP PINGs as data arrives, tens of
+        thousands a second, all earned by the answers (``budgets.py``); no GOAWAY."""
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            chat = channel.stream_stream(
+                f"/{SERVICE}/Chat",
+                request_serializer=BytesValue.SerializeToString,
+                response_deserializer=BytesValue.FromString,
+            )
+
+            async def session(n: int) -> int:
+                call = chat(timeout=60)
+                got = 0
+                for _ in range(n):
+                    await call.write(BytesValue(value=b"ping"))
+                    got += (await call.read()).value == b"PING"
+                await call.done_writing()
+                assert await call.read() is grpc.aio.EOF
+                return got
+
+            answered = await asyncio.gather(*(session(400) for _ in range(64)))
+        assert answered == [400] * 64
 
 
 # --- calls ----------------------------------------------------------------------------------------
@@ -440,7 +465,10 @@ class TestReceiveFlowControl:
         probe.may_read.set()
         async with raw_client(served.port) as client:
             client.send_headers(1, request_headers("Collect"))
-            client.send(Kind.DATA, END_STREAM, 1, message(bytes(60_000)))
+            body = message(bytes(60_000))  # in frames of the default maximum, 16 KiB
+            for i in range(0, len(body), 16_384):
+                end = END_STREAM if i + 16_384 >= len(body) else 0
+                client.send(Kind.DATA, end, 1, body[i : i + 16_384])
             response = await client.response(1)
         assert (response.grpc_status, messages(response.data)) == (0, [b"60000"])
 

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,7 +19,6 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.mocker.service import Mocker, ModelInfo
-from services.mocker.timing import PolynomialTiming
 from services.router.config import RouterConfig
 from services.router.service import Router
 from shared import codec
@@ -40,6 +38,8 @@ from tests.integration import mocker_support
 
 MODEL = DEFAULT_MODEL_NAME
 PROMPT = tuple(range(100, 140))
+HANG_S = 30.0
+"""Waits for what normally takes well under a second: only a hang runs into it."""
 
 
 @asynccontextmanager
@@ -257,13 +257,11 @@ async def test_cancel_stops_a_long_generation(
         await _generate(nc, subjects, stream, max_tokens=5000, ignore_eos=True)
         first = await stream.next()
         assert isinstance(first, TokenBatch)
-        cancelled_at = time.monotonic()
         await nc.publish(subjects.cancel, codec.encode(Cancel(request_id=stream.request_id)))
-        rest = await stream.until_finished()
-        elapsed = time.monotonic() - cancelled_at
+        rest = await stream.until_finished(timeout_s=HANG_S)
+    # Stopped by the cancel, long before its 5000 tokens (some 30 s at this speed) ran out.
     assert rest[-1].finish_reason == "cancelled"
     assert len(_ids([first, *rest])) < 5000
-    assert elapsed < 1.0
 
 
 async def test_context_overflow_is_rejected_by_the_worker(
@@ -319,11 +317,15 @@ async def test_generate_arriving_after_its_cancel_is_not_generated(
 async def test_first_token_goes_out_before_the_decode_time_of_its_step(
     nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo, dynamo_step_timing: bool
 ) -> None:
-    """B is sent right after one of A's tokens. Dynamo's order (prefill, emit, decode) sends
-    A's tokens before each decode time, so B waits about one decode time, then its prefill.
-    At the end of the step instead, B also waits for its own step's decode time."""
-    speedup = 0.02  # 50x slower: timer and scheduling noise stay small against the steps
-    timing = PolynomialTiming()
+    """B is sent right after A's second token, while A's next step runs. Dynamo's order
+    (prefill, emit, decode) sent that token at the start of the step, so B joins the next step
+    and goes out with A's next token. At the end of the step instead, the running step ends
+    with A's next token, and B goes out one step later, with A's token after that.
+
+    Told apart by the order of the batches, not by a clock: the one timing this needs is that B
+    reaches the worker within a decode time (about 0.29 s at this speed; the hops take
+    milliseconds). The timing model itself is unit-tested (``test_pacing``, ``test_engine``)."""
+    speedup = 0.02  # 50x slower: one decode step is much longer than B's way to the worker
     async with (
         running_mocker(
             nats_url,
@@ -337,22 +339,30 @@ async def test_first_token_goes_out_before_the_decode_time_of_its_step(
         Stream(nc, subjects) as a,
         Stream(nc, subjects) as b,
     ):
-        await _generate(nc, subjects, a, max_tokens=5, ignore_eos=True)
-        await a.next()
-        await a.next()
-        sent = time.monotonic()
-        await _generate(nc, subjects, b, max_tokens=1)
-        first = await b.next()
-        ttft_s = time.monotonic() - sent
+        both = await nc.subscribe(subjects.stream_all("f1"))  # A's and B's batches, in order
+        try:
+            await _generate(nc, subjects, a, max_tokens=5, ignore_eos=True)
+            for _ in range(2):
+                assert (await _next_batch(both)).request_id == a.request_id
+            await _generate(nc, subjects, b, max_tokens=1)
+            a_tokens_before_b = 0
+            while (first := await _next_batch(both)).request_id != b.request_id:
+                a_tokens_before_b += 1
+        finally:
+            await both.unsubscribe()
         await a.until_finished()
-    assert isinstance(first, TokenBatch)
     assert first.cached_tokens > 0
-    prefill_s = timing.prefill_ms(len(PROMPT) - first.cached_tokens) / 1000 / speedup
-    decode_s = timing.decode_ms(0, 1) / 1000 / speedup  # ~5.7 ms: the KV cache is nearly empty
     if dynamo_step_timing:
-        assert ttft_s < prefill_s + 1.5 * decode_s
+        assert a_tokens_before_b == 1  # B's first token came with A's next one
     else:
-        assert ttft_s > prefill_s + 1.5 * decode_s
+        assert a_tokens_before_b >= 2  # A's next token went out first, at the end of its step
+
+
+async def _next_batch(sub: Subscription, timeout_s: float = HANG_S) -> TokenBatch:
+    msg = await sub.next_msg(timeout=timeout_s)
+    event = codec.WORKER_EVENTS.decode(msg.data)
+    assert isinstance(event, TokenBatch), event
+    return event
 
 
 @pytest.mark.parametrize("inflight_overlap", [True, False])
@@ -456,25 +466,23 @@ async def test_a_killed_worker_is_lost_and_its_requests_named(
                 break
             await asyncio.sleep(0.1)
         async with running_router(nats_url, subjects) as router, Stream(nc, subjects) as stream:
-            for _ in range(100):  # the router learns the card from its registry watch
+            for _ in range(600):  # the router learns the card from its registry watch
                 if router.live(MODEL):
                     break
                 await asyncio.sleep(0.05)
             await _generate(nc, subjects, stream, max_tokens=5000, ignore_eos=True)
             assert isinstance(await stream.next(), TokenBatch)
             worker.kill()
-            killed_at = time.monotonic()
-            notice = await asyncio.wait_for(lost.get(), timeout=5)
-            found_s = time.monotonic() - killed_at
+            notice = await asyncio.wait_for(lost.get(), timeout=HANG_S)
             assert router.core.load.requests("doomed") == 0
             assert router.live(MODEL) == []
     finally:
         if worker.returncode is None:
             worker.kill()
         await worker.wait()
+    # Found by the router's probe ("no responders"), not left to the card's TTL or a timeout.
     assert (notice.worker_id, notice.request_ids, notice.reason) == (
         "doomed",
         (stream.request_id,),
         "no_responders",
     )
-    assert found_s < 1.0, f"found lost after {found_s:.2f}s"

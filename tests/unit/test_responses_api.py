@@ -44,6 +44,8 @@ def test_a_string_input_with_instructions_becomes_system_and_user() -> None:
         max_output_tokens=32,
         temperature=0.3,
         top_p=0.8,
+        presence_penalty=0.5,
+        frequency_penalty=-0.25,
         stream=True,
         store=True,
         metadata={"k": "v"},
@@ -56,6 +58,7 @@ def test_a_string_input_with_instructions_becomes_system_and_user() -> None:
     assert pre.max_tokens == 32
     assert pre.sampling.temperature == 0.3
     assert pre.sampling.top_p == 0.8
+    assert (pre.sampling.presence_penalty, pre.sampling.frequency_penalty) == (0.5, -0.25)
     assert pre.output.format == "responses"
     assert pre.output.stream is True
     # No reasoning setting: the template's own default.
@@ -268,6 +271,9 @@ def test_echo_fields_repeat_the_request_as_openai_shows_it() -> None:
                 "reasoning": {"effort": "low"},
                 "metadata": {"k": "v"},
                 "store": True,
+                "presence_penalty": 0.5,
+                "safety_identifier": "user-7",
+                "prompt_cache_key": "shared-prefix",
             }
         )
     )
@@ -277,7 +283,11 @@ def test_echo_fields_repeat_the_request_as_openai_shows_it() -> None:
         "max_output_tokens": 64,
         "max_tool_calls": None,
         "parallel_tool_calls": True,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.0,
+        "prompt_cache_key": "shared-prefix",
         "reasoning": {"effort": "low", "summary": None},
+        "safety_identifier": "user-7",
         "store": False,
         "temperature": 0.2,
         "text": {"format": {"type": "text"}, "verbosity": "medium"},

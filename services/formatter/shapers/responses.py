@@ -18,6 +18,9 @@ streams end with their last event.
 
 The response repeats the request's parameters (``tools``, ``instructions``, ``temperature``…)
 that the gateway sent in ``OutputOptions.response_fields``. Nothing is stored (``store: false``).
+Every field the OpenResponses schema requires is present in every ``response`` object, streamed
+or not (``null`` or the API's default when there is no value: ``completed_at`` until completed,
+``presence_penalty`` 0, ``safety_identifier`` and ``prompt_cache_key`` null).
 """
 
 from __future__ import annotations
@@ -166,6 +169,7 @@ class ResponsesShaper:
             "created_at": self._open.created,
             "status": status,
             "background": False,
+            "completed_at": self._open.created if status == "completed" else None,
             "error": error,
             "incomplete_details": incomplete,
             "instructions": None,
@@ -174,8 +178,12 @@ class ResponsesShaper:
             "model": self._open.model,
             "output": output,
             "parallel_tool_calls": True,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
             "previous_response_id": None,
+            "prompt_cache_key": None,
             "reasoning": {"effort": None, "summary": None},
+            "safety_identifier": None,
             "service_tier": "default",
             "store": False,
             "temperature": 1.0,
@@ -190,8 +198,6 @@ class ResponsesShaper:
             "metadata": {},
         }
         out.update(self._echo)
-        if status == "completed":
-            out["completed_at"] = self._open.created
         if nvext is not None:
             out["nvext"] = msgspec.to_builtins(nvext)
         return out

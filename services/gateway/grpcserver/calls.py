@@ -8,11 +8,13 @@ unchanged, from the handlers that generated ``add_*Servicer_to_server`` function
 
 Status semantics follow grpc: ``abort`` ends the call with its code; an exception out of the
 method is UNKNOWN (or the code set before it); the deadline (``grpc-timeout``) cancels the
-method and answers DEADLINE_EXCEEDED; a client RST_STREAM or a lost connection cancels it and
+method and answers DEADLINE_EXCEEDED, even one that expires before the method starts (``1n``);
+a client RST_STREAM or a lost connection cancels it and
 sends nothing. Received bytes are given back to the client's window as soon as they are read,
 unless messages are queued unread (a streaming method that is behind, or one that paused
 ``each_request``): then once it catches up, so a client can never have more than its window
-of messages waiting here.
+of messages waiting here. A message that is still arriving is buffered whole (a message may
+be larger than the windows), within the connection's ``max_partial`` bytes for all its streams.
 """
 
 from __future__ import annotations
@@ -93,9 +95,11 @@ class Call:
         "_is_held",
         "_limits",
         "_metadata",
+        "_partial",
         "_queue",
         "_raw_metadata",
         "_sending",
+        "_started",
         "_stream",
         "_timer",
         "_trailing",
@@ -123,6 +127,8 @@ class Call:
         self._limits = limits
         self._wbits = _WBITS.get(encoding)
         self._buffer = bytearray()
+        self._partial = 0
+        """``len(_buffer)`` as last told to the connection (``Stream.hold_partial``)."""
         self._queue: deque[bytes] = deque()
         self._deferred = 0
         self._ended = False
@@ -135,6 +141,7 @@ class Call:
         self._trailing: Metadata = ()
         self._finished = False
         self._expired = False
+        self._started = False
         loop = asyncio.get_running_loop()
         self._deadline: float | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -152,6 +159,8 @@ class Call:
             else:
                 self._stream.consumed(len(data))
             self._split(data)
+            if len(self._buffer) != self._partial:
+                self._held_partial()
             if self._each is not None:
                 self._hand_out()
         if end_stream:
@@ -182,6 +191,18 @@ class Call:
             self._queue.append(self._payload(flag, bytes(buffer[5 : 5 + length])))
             del buffer[: 5 + length]
 
+    def _held_partial(self) -> None:
+        """Tell the connection how much of an unfinished message this call now buffers; fail
+        the call when the connection holds more than it may."""
+        size = 0 if self._finished else len(self._buffer)
+        delta, self._partial = size - self._partial, size
+        if not self._stream.hold_partial(delta) and delta > 0:
+            self._fail_now(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "This connection's unfinished request messages exceed "
+                f"{self._stream.max_partial} bytes; send fewer large messages at once.",
+            )
+
     def _payload(self, flag: int, data: bytes) -> bytes:
         if not flag:
             return data
@@ -206,13 +227,17 @@ class Call:
         """The client cancelled (RST_STREAM) or went away: stop the method, send nothing."""
         self._finished = True
         self._cancel_timer()
+        if self._partial:
+            self._held_partial()
         self.task.cancel()
 
     def _expire(self) -> None:
         self._timer = None
         if not self._finished:
             self._expired = True
-            self.task.cancel()
+            if self._started:
+                self.task.cancel()
+            # else: the task was not run yet (a deadline under a loop turn); it answers at once
 
     def _fail_now(self, code: grpc.StatusCode, details: str) -> None:
         self._finish(code, details, ())
@@ -305,6 +330,10 @@ class Call:
     # --- running ------------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        self._started = True
+        if self._expired:
+            self._finish(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", ())
+            return
         handler = self._handler
         try:
             request = self._requests() if handler.request_streaming else await self._one_request()
@@ -327,6 +356,8 @@ class Call:
             self._finish(exc.code, exc.details, exc.metadata or self._trailing)
         except StreamReset:
             self._finished = True
+            if self._partial:
+                self._held_partial()
         except asyncio.CancelledError:
             if self._expired:
                 self._finish(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", ())
@@ -372,6 +403,8 @@ class Call:
             return
         self._finished = True
         self._cancel_timer()
+        if self._partial:
+            self._held_partial()
         stream = self._stream
         if stream.is_mid_message:  # trailers now would end inside a message
             stream.reset(ErrorCode.CANCEL)
@@ -409,6 +442,11 @@ class Call:
         finally:
             self._sending = None
             sending.set_result(None)
+
+    @property
+    def connection(self) -> object:
+        """The client connection the call came on (an admission owner); not in ``grpc.aio``."""
+        return self._stream.connection
 
     def add_done_callback(self, callback: Callable[[Call], None]) -> None:
         """``callback(self)`` once the call is over: answered (its last byte written), aborted,

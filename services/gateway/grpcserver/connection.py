@@ -14,12 +14,23 @@ more than what one read brought in.
 
 Errors follow RFC 9113 §5.4: a connection error sends GOAWAY and closes; a stream error sends
 RST_STREAM and resets only that stream.
+
+A client cannot make the server work for nothing (RFC 9113 §10.5): frames that ask for no
+request (PING, SETTINGS, WINDOW_UPDATE, PRIORITY, RST_STREAM, empty DATA and CONTINUATION,
+unknown types) each have a flood budget (``budgets.py``), past which the connection ends with
+GOAWAY ``ENHANCE_YOUR_CALM``; a SETTINGS frame is applied once whatever its length, and has at
+most ``MAX_SETTINGS_ENTRIES``; a header block is at most ``max_header_block`` bytes and opens
+with at most two table size updates (RFC 7541 §4.2); a WINDOW_UPDATE wakes only the streams it
+lets send. A response that cannot go out within ``send_timeout_s`` (the client stopped reading,
+or keeps its windows shut) resets its stream, and a connection without streams for
+``idle_timeout_s`` is closed. ``docs/operations.md`` lists every limit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
@@ -27,6 +38,7 @@ from typing import Protocol, cast
 import hpack
 import structlog
 
+from services.gateway.grpcserver.budgets import Budgets, Flood
 from services.gateway.grpcserver.frames import (
     DEFAULT_WINDOW,
     FRAME_HEADER,
@@ -44,6 +56,7 @@ from services.gateway.grpcserver.frames import (
     frame_header,
     goaway,
     header_frames,
+    leading_size_updates,
     parse_settings,
     rst_stream,
     settings_payload,
@@ -54,8 +67,12 @@ log = structlog.get_logger(__name__)
 
 Headers = list[tuple[bytes, bytes]]
 PREFACE_TIMEOUT_S = 10.0
-MAX_HEADER_BLOCK = 1 << 20
-"""Bytes of one header block (HEADERS + CONTINUATION) before the connection is dropped."""
+LINGER_S = 2.0
+"""How long a connection closed for an error still reads (and drops) what the client sends."""
+MAX_SETTINGS_ENTRIES = 32
+"""Entries of one SETTINGS frame (six identifiers are defined; a longer frame is a flood)."""
+MAX_TABLE_SIZE_UPDATES = 2
+"""Dynamic table size updates at the start of a header block (RFC 7541 §4.2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +84,23 @@ class Http2Settings:
     connection_window: int = 16 << 20
     """Receive window of the connection (a WINDOW_UPDATE on stream 0 after SETTINGS)."""
     max_concurrent_streams: int = 1024
-    max_frame_size: int = 1 << 20
+    max_frame_size: int = MIN_FRAME_SIZE
+    """The largest frame a client may send (16 KiB, as grpc core; HTTP/2's smallest)."""
     max_header_list_size: int = 64 << 10
+    max_header_block: int = 64 << 10
+    """Bytes of one header block (HEADERS + CONTINUATION) before the connection is dropped."""
+    max_partial: int = 64 << 20
+    """Bytes of unfinished request messages one connection may hold, its streams together
+    (received bytes are given back to the client's windows as they arrive, so a message larger
+    than the windows can come in); the stream that brings more fails RESOURCE_EXHAUSTED."""
     preface_timeout_s: float = PREFACE_TIMEOUT_S
     """A connection that has not sent the HTTP/2 preface by then is closed."""
+    send_timeout_s: float = 30.0
+    """A response that cannot be written for this long (closed windows, or a client that
+    does not read) resets its stream; the call is cancelled."""
+    idle_timeout_s: float = 300.0
+    """A connection with no stream open and none opened for this long (checked every
+    ``idle_timeout_s``, so between one and two of them) is sent GOAWAY and closed."""
 
 
 class StreamHandler(Protocol):
@@ -176,6 +206,7 @@ class Stream:
         if trailers is not None:
             out += conn.headers_bytes(self.id, trailers, True)
         conn.write(out)
+        conn.responded += 1
         if trailers is not None:
             conn.closed_locally(self)
         return True
@@ -197,17 +228,25 @@ class Stream:
             conn.write_headers(self, headers, False)
         view = memoryview(data)
         self.is_mid_message = True
-        while view:
-            await conn.wait_writable()
-            while (allowed := min(self.send_window, conn.send_window)) <= 0:
-                await self._wait_window()
-            if not self.is_open:
-                raise StreamReset(f"stream {self.id} is closed")
-            chunk = view[: min(allowed, conn.peer_max_frame)]
-            view = view[len(chunk) :]
-            self.send_window -= len(chunk)
-            conn.send_window -= len(chunk)
-            conn.write(frame_header(FrameType.DATA, 0, self.id, len(chunk)), bytes(chunk))
+        try:
+            async with asyncio.timeout(conn.settings.send_timeout_s):
+                while view:
+                    await conn.wait_writable()
+                    while (allowed := min(self.send_window, conn.send_window)) <= 0:
+                        await self._wait_window()
+                    if not self.is_open:
+                        raise StreamReset(f"stream {self.id} is closed")
+                    chunk = view[: min(allowed, conn.peer_max_frame)]
+                    view = view[len(chunk) :]
+                    self.send_window -= len(chunk)
+                    conn.send_window -= len(chunk)
+                    conn.write(frame_header(FrameType.DATA, 0, self.id, len(chunk)), bytes(chunk))
+                    conn.responded += 1
+        except TimeoutError:
+            conn.send_timed_out(self)
+            raise StreamReset(
+                f"stream {self.id}: the client read nothing for {conn.settings.send_timeout_s:g} s"
+            ) from None
         self.is_mid_message = False
         if trailers is not None:
             conn.write_headers(self, trailers, True)
@@ -234,6 +273,21 @@ class Stream:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    @property
+    def connection(self) -> Http2Connection:
+        return self._conn
+
+    @property
+    def max_partial(self) -> int:
+        return self._conn.settings.max_partial
+
+    def hold_partial(self, n: int) -> bool:
+        """``n`` more (or, negative, fewer) bytes of unfinished messages are buffered for this
+        stream; False when the connection now holds more than ``max_partial``."""
+        conn = self._conn
+        conn.partial += n
+        return conn.partial <= conn.settings.max_partial
 
 
 OnRequest = Callable[[Stream, Headers], StreamHandler | None]
@@ -273,6 +327,15 @@ class Http2Connection(asyncio.Protocol):
         """Received bytes consumed (or dropped) and not yet given back to the peer. The
         connection window starts at the default and only WINDOW_UPDATE moves it, so a smaller
         one starts in debt: the first bytes consumed are not given back."""
+        self.partial = 0
+        """Bytes of unfinished request messages the streams' handlers hold."""
+        self._budgets: Budgets | None = None
+        self.responded = 0
+        """Response frames (HEADERS, DATA) written so far: they earn flood budget."""
+        self._credited = 0
+        self._opened = 0
+        """Streams opened so far (the idle check compares it)."""
+        self._idle_timer: asyncio.TimerHandle | None = None
         self.is_paused = False
         self._is_reading_paused = False
         """Reading stopped by ``pause_writing``."""
@@ -302,11 +365,38 @@ class Http2Connection(asyncio.Protocol):
         if s.connection_window > DEFAULT_WINDOW:
             out += window_update(0, s.connection_window - DEFAULT_WINDOW)
         transport.write(out)
-        asyncio.get_running_loop().call_later(s.preface_timeout_s, self._check_preface)
+        loop = asyncio.get_running_loop()
+        loop.call_later(s.preface_timeout_s, self._check_preface)
+        self._budgets = Budgets(time.monotonic())
+        self._idle_timer = loop.call_later(s.idle_timeout_s, self._check_idle, 0)
 
     def _check_preface(self) -> None:
         if not self._has_preface and not self._is_closing:
             self._close()
+
+    def _check_idle(self, opened: int) -> None:
+        """Close a connection that had no stream since the last check (GOAWAY first)."""
+        self._idle_timer = None
+        if self._is_closing:
+            return
+        if not self.streams and self._opened == opened:
+            log.info("http2_idle_closed", idle_timeout_s=self.settings.idle_timeout_s)
+            self.go_away()
+            return
+        loop = asyncio.get_running_loop()
+        self._idle_timer = loop.call_later(
+            self.settings.idle_timeout_s, self._check_idle, self._opened
+        )
+
+    def _spend(self, kind: Flood) -> None:
+        """One frame of a budgeted kind; past the budget, a connection error."""
+        budgets = self._budgets
+        assert budgets is not None
+        if self.responded != self._credited:  # what the answers since earned (budgets.py)
+            budgets.credit(self.responded - self._credited)
+            self._credited = self.responded
+        if not budgets.take(kind, time.monotonic()):
+            raise ConnectionError_(ErrorCode.ENHANCE_YOUR_CALM, f"too many {kind.value} frames")
 
     def data_received(self, data: bytes) -> None:
         if self._is_closing:
@@ -390,13 +480,15 @@ class Http2Connection(asyncio.Protocol):
             self._going_away = True
             self._close_if_done()
         elif kind == FrameType.PRIORITY:
+            self._spend(Flood.PRIORITY)
             if stream_id == 0:
                 raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "PRIORITY on stream 0")
             if len(payload) != 5:
                 raise StreamError(stream_id, ErrorCode.FRAME_SIZE_ERROR, "bad PRIORITY")
         elif kind == FrameType.PUSH_PROMISE:
             raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "a client cannot push")
-        # other frame types are ignored (RFC 9113 §4.1)
+        else:  # other frame types are ignored (RFC 9113 §4.1), within a budget
+            self._spend(Flood.UNKNOWN)
 
     # --- frames --------------------------------------------------------------------------------
 
@@ -404,6 +496,10 @@ class Http2Connection(asyncio.Protocol):
         if stream_id == 0:
             raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "DATA on stream 0")
         length = len(payload)
+        if not flags & Flag.END_STREAM and (
+            not length or (flags & Flag.PADDED and payload[0] == length - 1)
+        ):
+            self._spend(Flood.EMPTY_DATA)  # no data (padding only, at most): a flood's frame
         if length > self._recv_window:
             raise ConnectionError_(ErrorCode.FLOW_CONTROL_ERROR, "connection window exceeded")
         self._recv_window -= length
@@ -451,20 +547,29 @@ class Http2Connection(asyncio.Protocol):
         if flags & Flag.END_HEADERS:
             self._header_block(stream_id, flags & Flag.END_STREAM, block)
         else:
+            if len(block) > self.settings.max_header_block:
+                raise ConnectionError_(ErrorCode.ENHANCE_YOUR_CALM, "header block too large")
             self._continuation = (stream_id, flags & Flag.END_STREAM, bytearray(block))
 
     def _continuation_frame(self, flags: int, stream_id: int, payload: bytes) -> None:
         pending = self._continuation
         if pending is None or pending[0] != stream_id:
             raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "unexpected CONTINUATION")
+        if not payload and not flags & Flag.END_HEADERS:
+            self._spend(Flood.EMPTY_CONTINUATION)
         pending[2].extend(payload)
-        if len(pending[2]) > MAX_HEADER_BLOCK:
+        if len(pending[2]) > self.settings.max_header_block:
             raise ConnectionError_(ErrorCode.ENHANCE_YOUR_CALM, "header block too large")
         if flags & Flag.END_HEADERS:
             self._continuation = None
             self._header_block(stream_id, pending[1], bytes(pending[2]))
 
     def _header_block(self, stream_id: int, end_stream: int, block: bytes) -> None:
+        # A block may open with table size updates: two at most (each one costs the decoder).
+        if leading_size_updates(block, MAX_TABLE_SIZE_UPDATES) > MAX_TABLE_SIZE_UPDATES:
+            raise ConnectionError_(
+                ErrorCode.COMPRESSION_ERROR, "more than two table size updates in a block"
+            )
         try:
             headers: Headers = self._decoder.decode(block, raw=True)  # type: ignore[assignment]
         except hpack.HPACKError as exc:
@@ -485,6 +590,7 @@ class Http2Connection(asyncio.Protocol):
         if stream_id % 2 == 0:
             raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "even stream id from a client")
         self._last_stream_id = stream_id
+        self._opened += 1
         if self._going_away or len(self.streams) >= self.settings.max_concurrent_streams:
             self.write(rst_stream(stream_id, ErrorCode.REFUSED_STREAM))
             return
@@ -500,6 +606,7 @@ class Http2Connection(asyncio.Protocol):
             handler.data_received(b"", True)
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
+        self._spend(Flood.WINDOW_UPDATE)
         if len(payload) != 4:
             raise ConnectionError_(ErrorCode.FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
         increment = struct.unpack(">I", payload)[0] & 0x7FFFFFFF
@@ -509,8 +616,8 @@ class Http2Connection(asyncio.Protocol):
             self.send_window += increment
             if self.send_window > MAX_WINDOW:
                 raise ConnectionError_(ErrorCode.FLOW_CONTROL_ERROR, "window over 2^31-1")
-            for blocked in list(self.blocked):
-                blocked.wake()
+            for blocked in [b for b in self.blocked if b.send_window > 0]:
+                blocked.wake()  # a stream whose own window is shut stays asleep
             return
         stream = self.streams.get(stream_id)
         if increment == 0:
@@ -522,9 +629,11 @@ class Http2Connection(asyncio.Protocol):
         stream.send_window += increment
         if stream.send_window > MAX_WINDOW:
             raise StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "window over 2^31-1")
-        stream.wake()
+        if self.send_window > 0:
+            stream.wake()
 
     def _ping(self, flags: int, stream_id: int, payload: bytes) -> None:
+        self._spend(Flood.PING)
         if stream_id != 0:
             raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "PING on a stream")
         if len(payload) != 8:
@@ -533,6 +642,7 @@ class Http2Connection(asyncio.Protocol):
             self.write(frame(FrameType.PING, Flag.ACK, 0, payload))
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
+        self._spend(Flood.SETTINGS)
         if stream_id != 0:
             raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "SETTINGS on a stream")
         if flags & Flag.ACK:
@@ -542,26 +652,38 @@ class Http2Connection(asyncio.Protocol):
             return
         if len(payload) % 6:
             raise ConnectionError_(ErrorCode.FRAME_SIZE_ERROR, "bad SETTINGS")
-        for key, value in parse_settings(payload):
-            if key == Setting.INITIAL_WINDOW_SIZE:
-                if value > MAX_WINDOW:
-                    raise ConnectionError_(ErrorCode.FLOW_CONTROL_ERROR, "window over 2^31-1")
-                delta, self._peer_stream_window = value - self._peer_stream_window, value
-                for stream in self.streams.values():
-                    stream.send_window += delta
-                    if stream.send_window > MAX_WINDOW:
-                        raise ConnectionError_(ErrorCode.FLOW_CONTROL_ERROR, "window over 2^31-1")
-                    stream.wake()
-            elif key == Setting.MAX_FRAME_SIZE:
-                if not MIN_FRAME_SIZE <= value <= MAX_FRAME_SIZE:
-                    raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "bad SETTINGS_MAX_FRAME_SIZE")
-                self.peer_max_frame = value
-            elif key == Setting.ENABLE_PUSH:
-                if value > 1:
-                    raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "bad SETTINGS_ENABLE_PUSH")
-            elif key == Setting.HEADER_TABLE_SIZE:
-                self._table_reset = True
+        if len(payload) > 6 * MAX_SETTINGS_ENTRIES:
+            raise ConnectionError_(ErrorCode.ENHANCE_YOUR_CALM, "too many SETTINGS entries")
+        settings: dict[int, int] = {}
+        for key, value in parse_settings(payload):  # every value is checked; the last one wins
+            if key == Setting.INITIAL_WINDOW_SIZE and value > MAX_WINDOW:
+                raise ConnectionError_(ErrorCode.FLOW_CONTROL_ERROR, "window over 2^31-1")
+            if key == Setting.MAX_FRAME_SIZE and not MIN_FRAME_SIZE <= value <= MAX_FRAME_SIZE:
+                raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "bad SETTINGS_MAX_FRAME_SIZE")
+            if key == Setting.ENABLE_PUSH and value > 1:
+                raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "bad SETTINGS_ENABLE_PUSH")
+            settings[key] = value
+        if (window := settings.get(Setting.INITIAL_WINDOW_SIZE)) is not None:
+            self._peer_stream_window_changed(window)
+        if (max_frame := settings.get(Setting.MAX_FRAME_SIZE)) is not None:
+            self.peer_max_frame = max_frame
+        if Setting.HEADER_TABLE_SIZE in settings:
+            self._table_reset = True
         self.write(frame(FrameType.SETTINGS, Flag.ACK, 0))
+
+    def _peer_stream_window_changed(self, value: int) -> None:
+        """SETTINGS_INITIAL_WINDOW_SIZE: every stream's send window moves by the change
+        (RFC 9113 §6.9.2); the streams it opens are woken."""
+        delta, self._peer_stream_window = value - self._peer_stream_window, value
+        if not delta:
+            return
+        for stream in self.streams.values():
+            stream.send_window += delta
+            if stream.send_window > MAX_WINDOW:
+                raise ConnectionError_(ErrorCode.FLOW_CONTROL_ERROR, "window over 2^31-1")
+        if delta > 0 and self.send_window > 0:
+            for blocked in [b for b in self.blocked if b.send_window > 0]:
+                blocked.wake()
 
     def _settings_acked(self) -> None:
         """The peer goes by our SETTINGS from now on: a stream window smaller than the default
@@ -573,6 +695,7 @@ class Http2Connection(asyncio.Protocol):
                 stream.recv_window += delta
 
     def _rst_stream(self, stream_id: int, payload: bytes) -> None:
+        self._spend(Flood.RESET)
         if stream_id == 0:
             raise ConnectionError_(ErrorCode.PROTOCOL_ERROR, "RST_STREAM on stream 0")
         if len(payload) != 4:
@@ -628,6 +751,7 @@ class Http2Connection(asyncio.Protocol):
 
     def write_headers(self, stream: Stream, block: bytes, end_stream: bool) -> None:
         self.write(self.headers_bytes(stream.id, block, end_stream))
+        self.responded += 1
         if end_stream:
             self.closed_locally(stream)
 
@@ -638,6 +762,15 @@ class Http2Connection(asyncio.Protocol):
             # The client need not send the rest of its request (RFC 9113 §8.1).
             self.write(rst_stream(stream.id, ErrorCode.NO_ERROR))
         self._forget(stream)
+
+    def send_timed_out(self, stream: Stream) -> None:
+        """A response could not be written within ``send_timeout_s``: reset its stream and
+        cancel its call."""
+        log.info(
+            "http2_send_timeout", stream_id=stream.id, send_timeout_s=self.settings.send_timeout_s
+        )
+        if stream.is_open:
+            self.reset_stream(stream, ErrorCode.CANCEL, notify=True)
 
     def reset_stream(self, stream: Stream, code: ErrorCode, *, notify: bool) -> None:
         self.write(rst_stream(stream.id, code))
@@ -702,22 +835,42 @@ class Http2Connection(asyncio.Protocol):
         if code != ErrorCode.NO_ERROR:
             log.info("http2_connection_error", code=code.name, error=message)
         self.write(goaway(self._last_stream_id, code, message.encode()[:256]))
-        self._close()
+        self._close(linger=code != ErrorCode.NO_ERROR)
 
     def _close_if_done(self) -> None:
         if self._going_away and not self.streams:
             self._close()
 
-    def _close(self) -> None:
+    def _close(self, *, linger: bool = False) -> None:
+        """Close the connection. ``linger``: after a connection error, shut only this side
+        and drop what the client still sends for ``LINGER_S`` before closing: a socket closed
+        with unread bytes is reset, and a reset can destroy the GOAWAY before the client reads
+        it."""
         if self._is_closing:
             return
         self._is_closing = True
-        if self._transport is not None:
-            self._transport.close()
+        self._stop_idle_timer()
+        self._buffer.clear()
+        transport = self._transport
+        if transport is not None:
+            if linger and transport.can_write_eof():
+                transport.write_eof()
+                if self._is_reading_paused:
+                    self._is_reading_paused = False
+                    transport.resume_reading()
+                asyncio.get_running_loop().call_later(LINGER_S, transport.close)
+            else:
+                transport.close()
         self._abort_streams()
+
+    def _stop_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._is_closing = True
+        self._stop_idle_timer()
         self._abort_streams()
         self.resume_writing()
         if self._on_closed is not None:

@@ -129,6 +129,20 @@ def _integer(value: int, prefix_bits: int, first: int) -> bytes:
     return bytes(out)
 
 
+def leading_size_updates(block: bytes, limit: int = 2) -> int:
+    """How many dynamic table size updates (RFC 7541 §6.3) open ``block``, counting no further
+    than ``limit + 1``: §4.2 allows at most two, at its start."""
+    count = pos = 0
+    while count <= limit and pos < len(block) and block[pos] & 0xE0 == 0x20:
+        count += 1
+        if block[pos] & 0x1F == 0x1F:  # the integer goes on in 7-bit groups (§5.1)
+            pos += 1
+            while pos < len(block) and block[pos] & 0x80:
+                pos += 1
+        pos += 1
+    return count
+
+
 def _string(data: bytes) -> bytes:
     """RFC 7541 §5.2, without Huffman coding."""
     return _integer(len(data), 7, 0x00) + data

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from services.cli.__main__ import build_parser
+from services.cli.__main__ import build_parser, stack_config
 from services.cli.config import (
     LAUNCHER_OWNED,
     NATS_AUTH,
@@ -35,6 +36,45 @@ def test_defaults() -> None:
     }
     assert result.service_args == {}
     assert result.nats_env() == {}
+
+
+EVERY_OPTION = (
+    *("--http-host", "0.0.0.0", "--http-port", "9000", "--grpc-port", "9001"),
+    *("--nats-port", "4333", "--workers", "3", "--engine", "hf", "--worker-args", "--seed 3"),
+    *("--routers", "2", "--formatters", "2", "--preprocessors", "2", "--tensor-workers", "1"),
+    *("--embedders", "2", "--embedding-model-name", "emb", "--media-workers", "1"),
+    *("--model-name", "m", "--log-to-terminal", "--secure"),
+    *("--namespace", "ns", "--log-level", "DEBUG", "--log-format", "json"),
+)
+"""A value other than the default for every option of ``jetserve up`` (but ``--nats-url``, which
+``--secure`` refuses, and ``--run-dir``, a path); a new option needs one here."""
+UP_OWN = {"keep_run_dir", "model_path"}
+"""Options ``_up`` uses itself: it keeps the run dir, and resolves the model dir it hands on."""
+RENAMED = {"worker_args": "mocker_args"}
+
+
+def test_every_up_option_reaches_the_stack(tmp_path: Path) -> None:
+    """What ``jetserve up`` parses, its ``Stack`` gets (``--media-workers`` was parsed and then
+    dropped: no media worker, ``/v1/images/generations`` a 404)."""
+    given = stack_config(plan(*EVERY_OPTION, "--run-dir", str(tmp_path)), tmp_path)
+    default = stack_config(plan(), tmp_path)
+    changed = {
+        f.name for f in fields(StackConfig) if getattr(given, f.name) != getattr(default, f.name)
+    }
+    options = {f.name for f in fields(UpConfig)} - UP_OWN - {"nats_url"}
+    options |= {"namespace", "log_level", "log_format"}
+    assert {RENAMED.get(name, name) for name in options} - changed == set()
+
+
+def test_a_nats_url_and_its_credentials_reach_the_stack(tmp_path: Path) -> None:
+    creds = tmp_path / "svc.creds"
+    creds.write_text("-----BEGIN NATS USER JWT-----")
+    given = plan("--nats-url", "nats://nats.internal:4222", "--nats-creds", str(creds))
+    config = stack_config(given, tmp_path)
+    assert (config.nats_url, config.extra_env) == (
+        "nats://nats.internal:4222",
+        {"JETSERVE_NATS_CREDS": str(creds)},
+    )
 
 
 def test_nats_credentials_go_to_every_process(tmp_path: Path) -> None:
@@ -199,3 +239,10 @@ def test_replicas_stop_with_their_stage(tmp_path: Path) -> None:
     ranks = {name: _stop_rank(Child(name, None, None)) for name, _ in stack.plan()}  # type: ignore[arg-type]
     assert ranks["router-0"] == ranks["router-1"] == ranks["preprocessor"] == 1
     assert ranks["gateway"] == 0
+
+
+def test_a_single_worker_flag_is_given_with_an_equals_sign(tmp_path: Path) -> None:
+    """README: ``--worker-args=--enforce-eager`` (argparse takes ``--worker-args --x`` for two
+    options)."""
+    given = stack_config(plan("--worker-args=--enforce-eager"), tmp_path)
+    assert given.mocker_args == "--enforce-eager"

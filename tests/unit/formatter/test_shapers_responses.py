@@ -1,11 +1,13 @@
 """``ResponsesShaper``: golden Responses bodies and stream events for a fixed sequence of pieces,
-each checked against the ``openai`` SDK's own types (what its clients parse)."""
+each checked against the ``openai`` SDK's own types (what its clients parse) and the
+OpenResponses schema (what clients that validate accept)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import msgspec
+import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
@@ -25,6 +27,12 @@ from services.formatter.shapers import shaper_for
 from services.formatter.shapers.responses import ResponsesShaper
 from services.formatter.shaping import usage
 from shared.messages import OutputOptions, StreamOpen
+from tests.contract.openresponses import (
+    WITH_RESPONSE,
+    event_errors,
+    missing_required,
+    response_errors,
+)
 
 OPEN = StreamOpen(
     request_id="r1",
@@ -262,3 +270,47 @@ def test_the_response_repeats_the_request_fields_it_was_given() -> None:
     assert list(created)[:4] == ["id", "object", "created_at", "status"]
     plain = _events(ResponsesShaper(OPEN).opening())[0]["response"]
     assert (plain["instructions"], plain["temperature"], plain["tools"]) == (None, 1.0, [])
+
+
+ENDS = [ChoiceEnd("stop", has_tool_calls=True), ChoiceEnd("length"), ChoiceEnd("error")]
+
+
+@pytest.mark.parametrize("end", ENDS, ids=lambda end: end.finish_reason)
+def test_every_response_object_meets_the_openresponses_schema(end: ChoiceEnd) -> None:
+    """Each event carrying a ``response`` (created, in_progress, the last) and the body."""
+    events = _events(_stream(PIECES, end))
+    carrying = [e for e in events if e["type"] in WITH_RESPONSE]
+    assert len(carrying) == 3
+    body = _body(PIECES, end)
+    for response in [*(e["response"] for e in carrying), body]:
+        assert missing_required(response) == []
+        assert response_errors(response) == []
+    assert [error for e in carrying for error in event_errors(e)] == []
+
+
+def test_every_text_and_tool_call_event_meets_the_openresponses_schema() -> None:
+    """Reasoning stays out: OpenAI names its events ``response.reasoning_text.*``, the
+    OpenResponses schema ``response.reasoning.*``; the gateway speaks OpenAI's."""
+    pieces: list[Piece] = [p for p in PIECES if not isinstance(p, Reasoning)]
+    events = _events(_stream(pieces, ChoiceEnd("stop", has_tool_calls=True)))
+    assert [error for e in events for error in event_errors(e)] == []
+
+
+def test_the_response_repeats_penalties_and_the_ids_it_does_not_act_on() -> None:
+    echo = {
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.25,
+        "safety_identifier": "user-7",
+        "prompt_cache_key": "shared-prefix",
+    }
+    output = _EchoingOutput(stream=True, format="responses", response_fields=echo)
+    shaper = ResponsesShaper(msgspec.structs.replace(OPEN, output=output))
+    created = _events(shaper.opening())[0]["response"]
+    assert {k: created[k] for k in echo} == echo
+    plain = _events(ResponsesShaper(OPEN).opening())[0]["response"]
+    assert {k: plain[k] for k in echo} == {
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "safety_identifier": None,
+        "prompt_cache_key": None,
+    }

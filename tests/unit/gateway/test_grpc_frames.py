@@ -18,6 +18,7 @@ from services.gateway.grpcserver.frames import (
     frame,
     header_frames,
     http_status,
+    leading_size_updates,
     literal,
     parse_settings,
     parse_timeout,
@@ -195,3 +196,18 @@ class TestFrames:
         block = trailers(8, "x" * 100, [("k", "v" * 50)])
         frames = _split_frames(header_frames(1, block, end_stream=True, max_frame=20))
         assert _decode(b"".join(payload for *_, payload in frames)) == _decode(block)
+
+
+class TestLeadingSizeUpdates:
+    """RFC 7541 §4.2: at most two dynamic table size updates, at the start of a block."""
+
+    def test_counts_the_updates_that_open_a_block(self) -> None:
+        assert leading_size_updates(b"\x82\x86") == 0
+        assert leading_size_updates(b"\x20\x82") == 1
+        assert leading_size_updates(b"\x3f\xe1\x1f\x20\x82") == 2  # 4096 in 5+7+7 bits, then 0
+
+    def test_stops_counting_past_the_limit(self) -> None:
+        assert leading_size_updates(b"\x20" * 1_000_000) == 3
+
+    def test_an_update_after_a_field_is_not_leading(self) -> None:
+        assert leading_size_updates(b"\x82\x20") == 0

@@ -1,4 +1,5 @@
-"""The KServe v2 tensor codec: raw and typed contents, sizes, parameters, response encoding."""
+"""The KServe v2 tensor codec: raw and typed contents, sizes, parameters, response encoding,
+and the size check of a worker's outputs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import struct
 import pytest
 
 from services.gateway.kserve import (
+    check_output,
     datatype_of_config,
     fill_tensors,
     fill_text,
@@ -20,7 +22,7 @@ from services.gateway.kserve import (
     split_bytes,
     stream_error,
 )
-from shared.errors import InvalidRequest
+from shared.errors import InternalError, InvalidRequest
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve import model_config_pb2 as mc
 from shared.messages import Tensor
@@ -208,6 +210,56 @@ class TestResponses:
     def test_stream_error_names_the_request(self) -> None:
         error = stream_error("boom", model="m", request_id="r9")
         assert (error.error_message, error.infer_response.id) == ("boom", "r9")
+
+
+class TestWorkerOutputs:
+    """A worker's output must hold what its shape and datatype say, or the call is INTERNAL."""
+
+    @pytest.mark.parametrize(
+        "output",
+        [
+            Tensor(name="o", datatype="FP32", shape=(4,), data=struct.pack("<4f", 1, 2, 3, 4)),
+            Tensor(name="o", datatype="INT64", shape=(2, 3), data=bytes(48)),
+            Tensor(name="o", datatype="BF16", shape=(3,), data=bytes(6)),
+            Tensor(name="o", datatype="BOOL", shape=(0,), data=b""),
+            Tensor(name="o", datatype="BYTES", shape=(3,), data=join_bytes([b"ab", b"", b"c"])),
+            Tensor(name="o", datatype="BYTES", shape=(2, 0), data=b""),
+        ],
+        ids=["fp32", "int64-2d", "bf16", "empty", "bytes", "bytes-empty"],
+    )
+    def test_a_well_sized_output_passes(self, output: Tensor) -> None:
+        check_output(output)
+
+    def test_fp32_with_no_bytes_for_its_shape_names_the_output(self) -> None:
+        output = Tensor(name="OUTPUT0", datatype="FP32", shape=(4,), data=b"")
+        with pytest.raises(
+            InternalError, match=r"`OUTPUT0` \(FP32, shape \[4\]\) has 0 bytes; .* 16"
+        ):
+            check_output(output)
+
+    @pytest.mark.parametrize(
+        ("output", "problem"),
+        [
+            (Tensor(name="x", datatype="INT32", shape=(2,), data=bytes(12)), "has 12 bytes"),
+            (Tensor(name="x", datatype="FP9", shape=(1,), data=bytes(1)), "unknown datatype"),
+            (Tensor(name="x", datatype="INT8", shape=(-1,), data=b""), "negative dimension"),
+            (Tensor(name="x", datatype="BYTES", shape=(1,), data=b"\x05\x00\x00\x00ab"), "cover"),
+            (Tensor(name="x", datatype="BYTES", shape=(1,), data=b"\x01\x00"), "cover"),
+            (
+                Tensor(name="x", datatype="BYTES", shape=(1,), data=join_bytes([b"a"]) + b"\x00"),
+                "cover",
+            ),
+            (
+                Tensor(name="x", datatype="BYTES", shape=(3,), data=join_bytes([b"a", b"b"])),
+                "holds 2 BYTES elements",
+            ),
+        ],
+        ids=["short-int32", "datatype", "negative", "overrun", "cut-prefix", "trailing", "count"],
+    )
+    def test_a_badly_sized_output_is_internal_naming_it(self, output: Tensor, problem: str) -> None:
+        with pytest.raises(InternalError, match=problem) as caught:
+            check_output(output)
+        assert "`x`" in caught.value.message
 
 
 def test_config_datatypes_map_to_kserve_names() -> None:

@@ -29,16 +29,14 @@ async def test_a_swallowed_cancellation_is_sent_again() -> None:
     assert (pending, task.cancelled()) == (set(), True)
 
 
-async def test_a_task_that_never_ends_is_given_up_on_within_the_bound() -> None:
+async def test_a_task_that_never_ends_is_given_up_on_after_its_tries() -> None:
     started = asyncio.Event()
     times = [1_000_000]
     task = asyncio.create_task(swallows(times, started))
     await started.wait()
-    loop = asyncio.get_running_loop()
-    began = loop.time()
     pending = await cancel_and_wait([task], wait_s=0.02, tries=3)
     assert pending == {task}
-    assert loop.time() - began < 1.0
+    assert times == [1_000_000 - 3]  # cancelled once a try, three times, then left running
     times[0] = 0
     assert await cancel_and_wait([task], wait_s=1.0) == set()
 
