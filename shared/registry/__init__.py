@@ -3,13 +3,14 @@
 Workers register (``writer.WorkerRegistration``) and publish their model's files
 (``writer.publish_model``, or ``writer.publish_model_card`` for a tensor model, which has
 none); every other service reads through ``reader.WorkerDirectory`` and
-``reader.ModelFiles``. ``layout`` says where each thing is kept; ``jetstream`` holds the
+``model_files.ModelFiles``. ``layout`` says where each thing is kept; ``jetstream`` holds the
 bucket, object-store and bounded-read helpers.
 """
 
 from shared.registry.jetstream import content_digest, open_kv, open_object_store
 from shared.registry.layout import DEFAULT_WORKER_TTL_S
-from shared.registry.reader import ModelFiles, WorkerDirectory, is_live
+from shared.registry.model_files import ModelFiles
+from shared.registry.reader import WorkerDirectory, is_live
 from shared.registry.writer import (
     WorkerRegistration,
     publish_model,

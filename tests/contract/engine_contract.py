@@ -30,7 +30,7 @@ from shared.messages import (
     WorkerCard,
 )
 from shared.registry import WorkerDirectory
-from shared.registry.reader import ModelFiles
+from shared.registry.model_files import ModelFiles
 from shared.subjects import Subjects
 
 TIMEOUT_S = 30.0
