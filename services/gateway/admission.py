@@ -124,10 +124,3 @@ class Admission:
             yield
         finally:
             self.leave(owner)
-
-    def __enter__(self) -> None:
-        if not self.try_enter():
-            raise self.refusal()
-
-    def __exit__(self, *exc: object) -> None:
-        self.leave()

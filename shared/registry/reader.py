@@ -30,8 +30,8 @@ from shared.registry.layout import (
     DEFAULT_WORKER_TTL_S,
     workers_bucket,
 )
-from shared.registry.store_watch import cancel_task
 from shared.subjects import Subjects
+from shared.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -213,7 +213,7 @@ class WorkerDirectory:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            await cancel_task(task, WATCH_CHECK_S)
+            await cancel_and_wait([task])
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()

@@ -21,13 +21,13 @@ from nats.js.client import JetStreamContext
 from nats.js.object_store import OBJ_ALL_META_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE
 
 from shared.bus import consumer_alive
+from shared.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
 CHECK_S = 1.0
 """How often the guard asks the server whether the watch still exists (or subscribes again)."""
 CHECK_TIMEOUT_S = 1.0
-STOP_ATTEMPTS = 3
 
 
 class StoreWatch:
@@ -56,7 +56,7 @@ class StoreWatch:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            await cancel_task(task, CHECK_S)
+            await cancel_and_wait([task])
         sub, self._sub = self._sub, None
         if sub is not None:
             with contextlib.suppress(Exception):
@@ -102,16 +102,3 @@ class StoreWatch:
             if sub is not None and await consumer_alive(sub, CHECK_TIMEOUT_S) is not False:
                 continue  # alive, or cannot be asked now (NATS away): ask again later
             await self._subscribe()
-
-
-async def cancel_task(task: asyncio.Task[None], wait_s: float) -> None:
-    """Cancel ``task`` and wait for it. Python 3.11's ``wait_for`` may swallow a cancel that
-    lands as its inner call ends (a guard's consumer check): cancel until it is done, bounded."""
-    for _ in range(STOP_ATTEMPTS):
-        task.cancel()
-        await asyncio.wait({task}, timeout=wait_s)
-        if task.done():
-            break
-    with contextlib.suppress(asyncio.CancelledError):
-        if task.done():
-            task.result()

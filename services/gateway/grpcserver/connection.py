@@ -329,7 +329,7 @@ class Http2Connection(asyncio.Protocol):
         one starts in debt: the first bytes consumed are not given back."""
         self.partial = 0
         """Bytes of unfinished request messages the streams' handlers hold."""
-        self._budgets: Budgets | None = None
+        self._budgets = Budgets(time.monotonic())
         self.responded = 0
         """Response frames (HEADERS, DATA) written so far: they earn flood budget."""
         self._credited = 0
@@ -367,7 +367,6 @@ class Http2Connection(asyncio.Protocol):
         transport.write(out)
         loop = asyncio.get_running_loop()
         loop.call_later(s.preface_timeout_s, self._check_preface)
-        self._budgets = Budgets(time.monotonic())
         self._idle_timer = loop.call_later(s.idle_timeout_s, self._check_idle, 0)
 
     def _check_preface(self) -> None:
@@ -391,7 +390,6 @@ class Http2Connection(asyncio.Protocol):
     def _spend(self, kind: Flood) -> None:
         """One frame of a budgeted kind; past the budget, a connection error."""
         budgets = self._budgets
-        assert budgets is not None
         if self.responded != self._credited:  # what the answers since earned (budgets.py)
             budgets.credit(self.responded - self._credited)
             self._credited = self.responded
@@ -616,8 +614,7 @@ class Http2Connection(asyncio.Protocol):
             self.send_window += increment
             if self.send_window > MAX_WINDOW:
                 raise ConnectionError_(ErrorCode.FLOW_CONTROL_ERROR, "window over 2^31-1")
-            for blocked in [b for b in self.blocked if b.send_window > 0]:
-                blocked.wake()  # a stream whose own window is shut stays asleep
+            self._wake_sendable()
             return
         stream = self.streams.get(stream_id)
         if increment == 0:
@@ -681,7 +678,13 @@ class Http2Connection(asyncio.Protocol):
             stream.send_window += delta
             if stream.send_window > MAX_WINDOW:
                 raise ConnectionError_(ErrorCode.FLOW_CONTROL_ERROR, "window over 2^31-1")
-        if delta > 0 and self.send_window > 0:
+        if delta > 0:
+            self._wake_sendable()
+
+    def _wake_sendable(self) -> None:
+        """Wake the blocked streams that can send now: the connection window is open and so is
+        their own (one whose window is shut stays asleep, however often the other moves)."""
+        if self.send_window > 0:
             for blocked in [b for b in self.blocked if b.send_window > 0]:
                 blocked.wake()
 

@@ -116,13 +116,13 @@ class TestAdmissionBlock:
     def test_raises_overloaded_when_full_and_takes_no_slot(self) -> None:
         admission = Admission(1)
         admission.try_enter()
-        with pytest.raises(Overloaded), admission:
+        with pytest.raises(Overloaded), admission.slot():
             pass
         assert (admission.in_flight, admission.rejected) == (1, 1)
 
     def test_gives_the_slot_back_when_the_body_raises(self) -> None:
         admission = Admission(1)
-        with pytest.raises(InvalidRequest), admission:
+        with pytest.raises(InvalidRequest), admission.slot():
             raise InvalidRequest("bad")
         assert admission.in_flight == 0
 
@@ -131,7 +131,7 @@ class TestAdmissionBlock:
         entered = asyncio.Event()
 
         async def hold() -> None:
-            with admission:
+            with admission.slot():
                 entered.set()
                 await asyncio.Event().wait()
 
