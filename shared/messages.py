@@ -17,6 +17,8 @@ OutputFormat = Literal["openai", "text", "kserve", "anthropic", "responses"]
 """``openai``: chat / completions objects. ``anthropic``: Messages API objects and events.
 ``responses``: OpenAI Responses API objects and events. ``text`` / ``kserve``: gRPC."""
 ModelKind = Literal["llm", "tensor", "embedding", "image", "video"]
+WorkerRole = Literal["prefill", "decode", "both"]
+WORKER_ROLES: tuple[WorkerRole, ...] = ("prefill", "decode", "both")
 MigrationKind = Literal["new_request", "ongoing"]
 
 
@@ -152,6 +154,21 @@ class RoutingHints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     allowed_worker_ids: tuple[str, ...] | None = None
     """``nvext.allowed_worker_ids``: only these workers are candidates (``None``: any live
     worker). None of them live is the same error as no live worker at all."""
+    dp_rank: int | None = None
+    """``nvext.dp_rank`` / ``x-dynamo-dp-rank``: the data-parallel rank of the (decode or
+    aggregated) worker. A rank out of the worker's range is a 400 (``param`` names it)."""
+    prefill_worker_id: str | None = None
+    """``nvext.prefill_worker_id`` / ``x-dynamo-prefill-instance-id``: the prefill worker of a
+    disaggregated request (a 400 if it is unknown or not a prefill worker, a 503 if dead)."""
+    prefill_dp_rank: int | None = None
+    """``nvext.prefill_dp_rank`` / ``x-dynamo-prefill-dp-rank``: the prefill worker's rank."""
+    decode_worker_id_param: str | None = None
+    """Where the decode pin (``Generate.worker_id``) came from, for error messages
+    (``nvext.decode_worker_id``, ``nvext.backend_instance_id`` or a header); None = unpinned."""
+    query_only: bool = False
+    """``nvext.annotations: ["query_instance_id"]``: answer with the worker(s) and ranks the
+    router would choose and the token ids (``RouteChoice``), without generating and without
+    changing any router state."""
 
 
 class Preprocess(Message, frozen=True):
@@ -246,6 +263,63 @@ class Generate(Message, frozen=True):
     ``token_ids`` (the whole prompt as the preprocessor made it; ``routing``'s salt applied),
     hashed once upstream so the router need not (``shared.hashing``). Empty: not hashed."""
     hash_block_size: int = 0
+    dp_rank: int = 0
+    """Set by the router: the data-parallel rank of ``worker_id`` that runs the request."""
+    prefill_to: str = ""
+    """Disaggregated serving, prefill phase (router -> prefill worker): compute the prompt's KV
+    and one token, keep the blocks pinned for the decode worker, and answer ``PrefillResult``
+    (or ``RequestFailed``) here instead of streaming to ``stream_to``."""
+    kv_transfer: KvTransfer | None = None
+    """Disaggregated serving, decode phase (router -> decode worker): where to pull the prompt's
+    KV from. The decode worker pulls what it does not hold, then decodes and streams."""
+
+
+class KvTransfer(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A prefill worker's handle on a prompt's KV blocks, pinned for the decode worker."""
+
+    source_worker_id: str
+    source_dp_rank: int = 0
+    params: dict[str, Any] = msgspec.field(default_factory=dict)
+    """The engine's ``kv_transfer_params``, handed to the decode engine verbatim (vLLM: what
+    its KV connector returned, e.g. NixlConnector's ``remote_block_ids``, ``remote_engine_id``,
+    ``remote_host``, ``remote_port``; the mocker: its blocks and their size)."""
+    expires_at: float = 0.0
+    """Wall clock: the prefill worker frees the pinned blocks then, pulled or not."""
+
+
+class PrefillResult(Message, frozen=True):
+    """Prefill worker -> the router that sent it (``Generate.prefill_to``): the prompt's KV is
+    computed and pinned; ``kv_transfer`` says where to pull it from."""
+
+    worker_id: str
+    kv_transfer: KvTransfer
+    dp_rank: int = 0
+    token_ids: tuple[int, ...] = ()
+    """The token the prefill produced (the decode worker computes its own first token, as a
+    vLLM decode instance does)."""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class KvRelease(Message, frozen=True):
+    """Decode worker -> prefill worker (``subjects.kv_release(source)``): the blocks of this
+    request's ``KvTransfer`` were pulled (or will never be); unpin them."""
+
+    pulled_blocks: int = 0
+
+
+class RouteChoice(Message, frozen=True):
+    """Router -> formatter, for a query-only request (``RoutingHints.query_only``): where the
+    request would go, with its token ids. Nothing was generated and no router state changed."""
+
+    worker_id: str
+    dp_rank: int = 0
+    prefill_worker_id: str = ""
+    """Empty: aggregated (no prefill worker, or conditional disaggregation keeps it local)."""
+    prefill_dp_rank: int = 0
+    token_ids: tuple[int, ...] = ()
+    overlap_blocks: int = 0
+    prompt_tokens: int = 0
 
 
 class TokenBatch(Message, frozen=True):
@@ -269,6 +343,11 @@ class TokenBatch(Message, frozen=True):
     sequence on its own)."""
     logprobs: tuple[TokenLogprob, ...] = ()
     """With ``SamplingParams.logprobs``: one per id of ``token_ids``."""
+    dp_rank: int = 0
+    """The data-parallel rank of ``worker_id`` that produced the tokens."""
+    prefill_worker_id: str = ""
+    """Disaggregated: the worker that computed the prompt's KV (empty: ``worker_id`` did)."""
+    prefill_dp_rank: int = 0
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
@@ -446,6 +525,13 @@ class WorkerCard(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     context_length: int = 0
     kv_events: bool = True
     """False: the engine publishes no KV events; routers estimate its cache (approximate mode)."""
+    role: WorkerRole = "both"
+    """``prefill``: computes prompts' KV for decode workers only; ``decode``: decodes requests
+    whose KV a prefill worker computed (and prefills short ones itself under conditional
+    disaggregation, or every one when no prefill worker lives); ``both``: aggregated."""
+    dp_size: int = 1
+    """Data-parallel ranks: the worker is ``dp_size`` routing targets ``(worker_id, rank)``,
+    each with its own KV cache and load."""
     started_at: float = 0.0
     heartbeat_at: float = 0.0
 
@@ -501,6 +587,9 @@ class TensorModelSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
 
 class KvEvent(msgspec.Struct, frozen=True, kw_only=True, tag=True, omit_defaults=True):
     """Base of the events inside a ``KvEventBatch``."""
+
+    dp_rank: int = 0
+    """The data-parallel rank whose cache changed (vLLM's ``data_parallel_rank``)."""
 
 
 class BlockStored(KvEvent, frozen=True):
@@ -573,12 +662,15 @@ class RequestPhase(Message, frozen=True):
     worker_id: str
     phase: Literal["prefill_done", "finished"]
     ts: float = 0.0
+    dp_rank: int = 0
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One worker's score in a routing decision."""
+    """One routing target's score in a routing decision."""
 
     worker_id: str
+    """The target: the worker id, with ``#<rank>`` for a data-parallel rank above 0
+    (``shared.targets``)."""
     overlap_blocks: int = 0
     """Prompt blocks the worker need not prefill: cached there, or being computed there."""
     inflight_blocks: int = 0
@@ -618,6 +710,17 @@ class RouteDecision(Message, frozen=True):
     """Live workers not in ``candidates`` with an overlap or requests in flight; none costs
     less than a listed one. (Round-robin and random beyond 32 workers list the chosen one
     only: every other worker is counted here.)"""
+    dp_rank: int = 0
+    """The rank of ``worker_id`` chosen (``worker_id`` is the decode worker when disaggregated)."""
+    prefill_worker_id: str = ""
+    """Disaggregated: the prefill worker (empty: ``worker_id`` prefills too)."""
+    prefill_dp_rank: int = 0
+    prefill_overlap_blocks: int = 0
+    prefill_candidates: tuple[Candidate, ...] = ()
+    disagg: str = ""
+    """For a model with prefill workers: ``remote`` (prefill on ``prefill_worker_id``),
+    ``local`` (conditional disaggregation kept the prefill on the decode worker) or
+    ``fallback`` (no live prefill worker: aggregated on a decode worker). Empty otherwise."""
 
 
 # --- embeddings (issue 10: /v1/embeddings) -----------------------------------------------------

@@ -91,6 +91,15 @@ class Subjects:
         """Router -> one worker."""
         return f"{self._p}.worker.{worker_id}.generate"
 
+    def prefill_result(self, router_id: str) -> str:
+        """Prefill worker -> the router that sent a prefill-phase ``Generate``
+        (``Generate.prefill_to``): ``PrefillResult`` or ``RequestFailed``."""
+        return f"{self._p}.router.{router_id}.prefilled"
+
+    def kv_release(self, source_id: str) -> str:
+        """Decode worker -> the prefill worker that pinned a request's blocks: ``KvRelease``."""
+        return f"{self._p}.worker.{source_id}.kv_release"
+
     def worker_ping(self, worker_id: str) -> str:
         """Router -> one worker, request/reply: are you there? ("no responders" = gone).
         Formatter -> one worker: ``WorkerPing``, do you hold this request? (``WorkerPong``)."""

@@ -4,8 +4,11 @@ its counters and the facts a worker card is made of."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from shared.messages import FinishReason, SamplingParams, TokenLogprob
+
+EnginePhase = Literal["both", "prefill", "decode"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -21,6 +24,15 @@ class EngineInput:
     lora_name: str | None = None
     resumed_tokens: int = 0
     """After a migration: how many trailing ``token_ids`` an earlier worker generated."""
+    dp_rank: int = 0
+    """The data-parallel rank that runs it (``Generate.dp_rank``; 0 without data parallelism)."""
+    phase: EnginePhase = "both"
+    """``prefill``: compute the prompt's KV and one token, then keep the blocks pinned for a
+    decode worker and say how to pull them (``Emission.kv_transfer_params`` on the last
+    emission). ``decode``: pull the blocks ``kv_transfer_params`` names (those not already held)
+    before decoding. ``both``: aggregated."""
+    kv_transfer_params: dict[str, Any] | None = None
+    """Decode phase: the prefill engine's ``kv_transfer_params`` (``KvTransfer.params``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,6 +67,8 @@ class Emission:
     """With ``SamplingParams.logprobs``: one per id of ``token_ids``."""
     done: bool = False
     """The request's last emission: every choice has finished (or it was cancelled)."""
+    kv_transfer_params: dict[str, Any] | None = None
+    """Prefill phase, on the last emission: how a decode engine pulls the pinned blocks."""
 
 
 @dataclass(frozen=True, slots=True)

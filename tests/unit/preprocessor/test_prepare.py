@@ -211,6 +211,9 @@ class TestMessages:
             "attempt": 0,
             "block_hashes": (),
             "hash_block_size": 0,
+            "dp_rank": 0,
+            "prefill_to": "",
+            "kv_transfer": None,
         }
 
     def test_stream_open_carries_the_generate_when_migration_is_on(
