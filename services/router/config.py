@@ -110,6 +110,36 @@ class RouterConfig(CommonConfig):
     worker_unresponsive_s: float = setting(
         5.0, "A worker whose probes fail for this long is lost (hung, not only dead)", gt=0
     )
+    router_conditional_disagg: bool = setting(
+        False,
+        "Disaggregated models: prefill on the decode worker itself when it would compute fewer "
+        "than --disagg-min-prefill-tokens uncached prompt tokens, or already holds at least "
+        "--disagg-local-overlap of the prompt",
+    )
+    disagg_min_prefill_tokens: int = setting(
+        512,
+        "Conditional disaggregation: a prefill of fewer uncached tokens than this stays on the "
+        "decode worker",
+        ge=0,
+    )
+    disagg_local_overlap: float = setting(
+        0.5,
+        "Conditional disaggregation: a decode worker holding at least this fraction of the "
+        "prompt's blocks prefills it itself",
+        ge=0,
+        le=1,
+    )
+    enforce_disagg: bool = setting(
+        False,
+        "Disaggregated models: with no live prefill worker answer 503 instead of serving "
+        "aggregated on a decode worker",
+    )
+    prefill_timeout_s: float = setting(
+        120.0,
+        "Disaggregated serving: a prefill worker's answer (KV computed and pinned) must come "
+        "within this; then the prefill is tried on another prefill worker",
+        gt=0,
+    )
     catchup_timeout_s: float = setting(
         10.0, "At start, replay the KV stream at most this long before routing", ge=0
     )

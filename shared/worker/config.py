@@ -10,6 +10,7 @@ from typing import ClassVar
 
 from shared.config import CommonConfig, setting
 from shared.kv_stream import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES
+from shared.messages import WORKER_ROLES
 from shared.model_dir import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model_dir
 from shared.registry import DEFAULT_WORKER_TTL_S
 from shared.subjects import check_token
@@ -58,6 +59,15 @@ class WorkerConfig(CommonConfig):
         aliases=("JETSERVE_WORKER_TTL_S",),
     )
     context_length: int = setting(0, "Context length override (0 = the model's own)", ge=0)
+    role: str = setting(
+        "both",
+        "Disaggregated serving: prefill (computes prompts' KV for decode workers), decode, or "
+        "both (aggregated)",
+        choices=WORKER_ROLES,
+    )
+    data_parallel_size: int = setting(
+        1, "Data-parallel ranks per worker: each is a routing target with its own KV cache", ge=1
+    )
     tool_call_parser: str = setting(
         AUTO,
         "The model's tool-call syntax, put on its card for the formatter's parser (auto = "
