@@ -1,5 +1,11 @@
 """The router's decision core: live workers + KV index + active load -> one ``RouteDecision``.
 
+Workers are routing targets here (``shared.targets``: each data-parallel rank is one). For a
+disaggregated model (workers with roles, ``fleet.py``) a decision has two phases, made with the
+same cost model on two pools: the decode target among the decode workers (by decode load and its
+own overlap), then, unless conditional disaggregation keeps the prefill local, the prefill target
+among the prefill workers (by KV overlap and prefill load). Both go into one ``RouteDecision``.
+
 Pure: no I/O; the clock (``now``) and the random generator come in as arguments, so replicas
 that saw the same events and decisions, given the same generator, decide the same way. The
 wiring (``service.py``) feeds it KV events (through ``KvSync``), peers' decisions, lifecycle
@@ -12,9 +18,13 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from services.router.approx import ApproxIndex
 from services.router.fleet import Fleet, FleetCache
 from services.router.load import ActiveLoad, BusyThresholds, WorkerReports, is_busy
+from services.router.pins import KnownCard
+from services.router.pins import resolve as resolve_pins
 from services.router.policy import Policy, build_policy
 from services.router.scoring import Scorer, choose_sparse
 from services.router.selection import allowed_workers, pick
@@ -23,7 +33,6 @@ from shared.errors import (
     AllWorkersBusy,
     AllWorkersOverloaded,
     InvalidRequest,
-    NotFound,
     NoWorkerAvailable,
 )
 from shared.hashing import extend_prefix_hashes, prefix_hashes
@@ -36,6 +45,7 @@ from shared.messages import (
     WorkerCard,
     WorkerLoad,
 )
+from shared.targets import split_target, target_id, worker_of
 
 KV_MODES = ("kv",)
 LIST_ALL_UP_TO = 32
@@ -63,6 +73,17 @@ class CoreSettings:
     busy_status: int = 503
     busy_retry_after_s: float = 1.0
     seed: int | None = None
+    conditional_disagg: bool = False
+    """Prefill on the decode worker when it would compute fewer than ``disagg_min_tokens``
+    uncached tokens or holds at least ``disagg_local_overlap`` of the prompt's blocks."""
+    disagg_min_tokens: int = 512
+    disagg_local_overlap: float = 0.5
+    enforce_disagg: bool = False
+    """No live prefill worker: 503 instead of aggregated serving on a decode worker."""
+
+
+def _unknown(_: str) -> WorkerCard | None:
+    return None
 
 
 class RoutingCore:
@@ -98,7 +119,13 @@ class RoutingCore:
 
     # --- deciding ------------------------------------------------------------------------------
     def decide(
-        self, gen: Generate, live: Sequence[WorkerCard], *, now: float, rng: random.Random
+        self,
+        gen: Generate,
+        live: Sequence[WorkerCard],
+        *,
+        now: float,
+        rng: random.Random,
+        known: KnownCard = _unknown,
     ) -> RouteDecision:
         """Where ``gen`` goes among the ``live`` workers of its model; changes no state.
 
@@ -108,31 +135,122 @@ class RoutingCore:
         ``decide_exhaustive``, at a cost that grows with the workers that hold something of the
         request, not with the fleet.
 
+        ``known`` gives a worker's card whatever its state, so that a pin to a worker that is
+        not live tells "unknown" (400) from "dead" (503) (``pins.py``).
+
         Raises:
-            NotFound: the request pins a worker that is not live (404).
-            InvalidRequest: ``direct`` mode and the request pins no worker (400).
-            NoWorkerAvailable: no live worker serves the model (503).
+            InvalidRequest: a bad pin (``pins.py``), or ``direct`` mode without one (400).
+            NoWorkerAvailable: no live worker serves the model, a pinned worker is not live, or
+                no prefill worker lives under ``enforce_disagg`` (503).
             AllWorkersBusy: every live worker is over a busy threshold (503 or 529).
         """
-        fleet = self._fleet(gen, live)
-        hints = gen.routing or _NO_HINTS
-        sparse = (
-            self.is_kv
-            and len(fleet) > LIST_ALL_UP_TO
-            and (self.uses_approx or not fleet.eventless)
-            and gen.worker_id is None
-            and not self.settings.busy.enabled
-            and self._temperature(hints) <= 0.0
-        )
-        return self._decide(gen, fleet, hints, now, rng, sparse=sparse)
+        return self._two_phase(gen, live, now, rng, known, exhaustive=False)
 
     def decide_exhaustive(
-        self, gen: Generate, live: Sequence[WorkerCard], *, now: float, rng: random.Random
+        self,
+        gen: Generate,
+        live: Sequence[WorkerCard],
+        *,
+        now: float,
+        rng: random.Random,
+        known: KnownCard = _unknown,
     ) -> RouteDecision:
         """``decide`` with every worker scored one by one, whatever the settings: the
         straightforward computation that the sparse one must agree with."""
+        return self._two_phase(gen, live, now, rng, known, exhaustive=True)
+
+    def _two_phase(
+        self,
+        gen: Generate,
+        live: Sequence[WorkerCard],
+        now: float,
+        rng: random.Random,
+        known: KnownCard,
+        *,
+        exhaustive: bool,
+    ) -> RouteDecision:
         fleet = self._fleet(gen, live)
-        return self._decide(gen, fleet, gen.routing or _NO_HINTS, now, rng, sparse=False)
+        pins = resolve_pins(gen, fleet, known)
+        hints = gen.routing or _NO_HINTS
+        if not fleet.is_disaggregated:
+            pool = fleet if pins.decode is None else fleet.subset(pins.decode)
+            return self._pool(gen, pool, hints, now, rng, pins.decode, exhaustive)
+        assert fleet.decode is not None
+        assert fleet.prefill is not None
+        decode = fleet.decode if pins.decode is None else fleet.subset(pins.decode)
+        if not decode:
+            raise NoWorkerAvailable(
+                f"no live decode worker serves model {gen.model}", retry_after_s=1.0
+            )
+        chosen = self._pool(gen, decode, hints, now, rng, pins.decode, exhaustive)
+        transfer = gen.kv_transfer
+        if transfer is not None:  # its prefill is done: only the decode phase is routed again
+            return msgspec.structs.replace(
+                chosen,
+                prefill_worker_id=transfer.source_worker_id,
+                prefill_dp_rank=transfer.source_dp_rank,
+                prefill_tokens=0,
+                disagg="remote",
+            )
+        prefill = fleet.prefill if pins.prefill is None else fleet.subset(pins.prefill)
+        if not prefill:
+            if self.settings.enforce_disagg:
+                raise NoWorkerAvailable(
+                    f"no live prefill worker serves model {gen.model} and disaggregation is "
+                    "enforced (--enforce-disagg)",
+                    retry_after_s=1.0,
+                )
+            return msgspec.structs.replace(chosen, disagg="fallback")
+        if pins.prefill is None and self._keeps_local(chosen):
+            return msgspec.structs.replace(chosen, disagg="local")
+        first = self._pool(gen, prefill, hints, now, rng, pins.prefill, exhaustive)
+        return msgspec.structs.replace(
+            chosen,
+            prefill_worker_id=first.worker_id,
+            prefill_dp_rank=first.dp_rank,
+            prefill_overlap_blocks=first.overlap_blocks,
+            prefill_tokens=first.prefill_tokens,
+            prefill_candidates=first.candidates,
+            disagg="remote",
+        )
+
+    def _keeps_local(self, chosen: RouteDecision) -> bool:
+        """Conditional disaggregation: the decode worker prefills this prompt itself."""
+        settings = self.settings
+        if self.settings.mode == "direct":
+            return True  # an external picker named the decode worker and no prefill worker
+        if not settings.conditional_disagg:
+            return False
+        if chosen.prefill_tokens < settings.disagg_min_tokens:
+            return True
+        blocks = chosen.prompt_blocks
+        return blocks > 0 and chosen.overlap_blocks >= settings.disagg_local_overlap * blocks
+
+    def _pool(
+        self,
+        gen: Generate,
+        fleet: Fleet,
+        hints: RoutingHints,
+        now: float,
+        rng: random.Random,
+        pinned: tuple[WorkerCard, ...] | None,
+        exhaustive: bool,
+    ) -> RouteDecision:
+        """The decision among one pool of targets (one phase)."""
+        sparse = (
+            not exhaustive
+            and self.is_kv
+            and len(fleet) > LIST_ALL_UP_TO
+            and (self.uses_approx or not fleet.eventless)
+            and pinned is None
+            and not self.settings.busy.enabled
+            and self._temperature(hints) <= 0.0
+        )
+        decision = self._decide(gen, fleet, hints, now, rng, sparse=sparse, pinned=pinned)
+        worker_id, rank = split_target(decision.worker_id)
+        if rank:
+            decision = msgspec.structs.replace(decision, worker_id=worker_id, dp_rank=rank)
+        return decision
 
     def _decide(
         self,
@@ -143,8 +261,9 @@ class RoutingCore:
         rng: random.Random,
         *,
         sparse: bool,
+        pinned: tuple[WorkerCard, ...] | None = None,
     ) -> RouteDecision:
-        pinned = gen.worker_id is not None
+        is_pinned = pinned is not None
         block_size = fleet.block_size
         hashes: Sequence[int] = ()
         overlaps: dict[str, int] = {}
@@ -178,7 +297,7 @@ class RoutingCore:
             idle_workers, idle_cost = choice.idle_workers, choice.idle_cost
             unlisted = choice.unlisted_workers
             best = next(c for c in candidates if c.worker_id == choice.worker_id)
-        elif self._policy is not None and not pinned and not self.settings.busy.enabled:
+        elif self._policy is not None and not is_pinned and not self.settings.busy.enabled:
             # round-robin / random: the policy picks; costs are only shown (a small fleet's all)
             chosen = self._policy.choose(gen, fleet.cards).worker_id
             if len(fleet) <= LIST_ALL_UP_TO:
@@ -189,7 +308,7 @@ class RoutingCore:
             best = next(c for c in candidates if c.worker_id == chosen)
         else:
             cards = fleet.cards
-            check_busy = not pinned and self.settings.busy.enabled
+            check_busy = not is_pinned and self.settings.busy.enabled
             candidates = [
                 scorer.score(c.worker_id, check_busy and self._is_busy(c, now)) for c in cards
             ]
@@ -199,7 +318,7 @@ class RoutingCore:
             router_id=self.settings.router_id,
             worker_id=best.worker_id,
             model=gen.model,
-            mode="direct" if pinned else self.mode_label,
+            mode="direct" if is_pinned else self.mode_label,
             prompt_blocks=prompt_blocks,
             overlap_blocks=best.overlap_blocks,
             prefill_tokens=max(0, prompt_tokens - best.overlap_blocks * block_size),
@@ -232,13 +351,7 @@ class RoutingCore:
         """The workers ``gen`` may go to (raises when there are none)."""
         fleet = self._fleets.get(gen.model, live)
         if gen.worker_id is not None:
-            at = fleet.position.get(gen.worker_id)
-            if at is None:
-                raise NotFound(
-                    f"worker {gen.worker_id} is not a live worker of model {gen.model}",
-                    param="worker_id",
-                )
-            return Fleet.of([fleet.cards[at]])
+            return fleet  # ``pins.resolve`` narrows it (or says why it cannot)
         if self.settings.mode == "direct":
             raise InvalidRequest(
                 "router mode 'direct' needs a pinned worker "
@@ -247,7 +360,7 @@ class RoutingCore:
             )
         allowed = gen.routing.allowed_worker_ids if gen.routing is not None else None
         if allowed is not None:
-            fleet = Fleet.of(allowed_workers(fleet.cards, allowed))
+            fleet = fleet.subset(allowed_workers(fleet.cards, allowed))
         if not fleet:
             among = " among nvext.allowed_worker_ids" if allowed is not None else ""
             raise NoWorkerAvailable(
@@ -261,7 +374,7 @@ class RoutingCore:
             return False
         return is_busy(
             thresholds,
-            report=self.reports.fresh(card.worker_id, now),
+            report=self.reports.fresh(worker_of(card.worker_id), now),
             tracked_prefill_tokens=self.load.prefill_tokens(card.worker_id),
             kv_total_blocks=card.kv_blocks,
         )
@@ -274,7 +387,7 @@ class RoutingCore:
         hints: RoutingHints,
         rng: random.Random,
     ) -> int:
-        if gen.worker_id is not None:
+        if gen.worker_id is not None and len(candidates) == 1:
             return 0
         eligible = [i for i, c in enumerate(candidates) if not c.busy]
         if not eligible:
@@ -308,23 +421,36 @@ class RoutingCore:
 
     # --- shared state --------------------------------------------------------------------------
     def commit(self, decision: RouteDecision, now: float) -> None:
-        """Count a decision (this replica's or a peer's) in the active load."""
+        """Count a decision (this replica's or a peer's) in the active load: a disaggregated
+        one on its decode target (which prefills nothing) and its prefill target."""
+        target = target_id(decision.worker_id, decision.dp_rank)
+        remote = decision.disagg == "remote"
         self.load.add(
             decision.request_id,
-            decision.worker_id,
+            target,
             block_hashes=decision.block_hashes,
             prompt_blocks=decision.prompt_blocks,
-            prefill_tokens=decision.prefill_tokens,
+            prefill_tokens=0 if remote else decision.prefill_tokens,
             now=now,
         )
-        if self.uses_approx or decision.worker_id in self.eventless:
-            self.approx.remember(decision.worker_id, decision.block_hashes, now)
+        if remote and decision.prefill_tokens and decision.prefill_worker_id:
+            self.load.add_prefill(
+                decision.request_id,
+                target_id(decision.prefill_worker_id, decision.prefill_dp_rank),
+                block_hashes=decision.block_hashes,
+                prompt_blocks=decision.prompt_blocks,
+                prefill_tokens=decision.prefill_tokens,
+                now=now,
+            )
+        if self.uses_approx or target in self.eventless:
+            self.approx.remember(target, decision.block_hashes, now)
 
     def on_phase(self, phase: RequestPhase) -> None:
-        """A worker's lifecycle event: prefill done, or finished."""
+        """A worker's lifecycle event: prefill done, or finished (a prefill worker's
+        ``finished`` ends only the prefill phase of a disaggregated request)."""
         if phase.phase == "prefill_done":
-            self.load.prefill_done(phase.request_id)
-        else:
+            self.load.prefill_done(phase.request_id, phase.worker_id)
+        elif not self.load.prefill_finished(phase.request_id, phase.worker_id):
             self.load.free(phase.request_id)
 
     def on_cancel(self, request_id: str) -> None:
@@ -334,9 +460,12 @@ class RoutingCore:
         self.reports.update(report, now)
 
     def remove_worker(self, worker_id: str) -> bool:
-        """Forget everything about a worker that left the registry; True if it was known."""
+        """Forget everything about a worker (all its ranks) that left the registry; True if it
+        was known."""
         known = self.sync.remove_worker(worker_id)
-        known = self.approx.remove_worker(worker_id) or known
+        for target in [t for t in self.approx.index.workers() if worker_of(t) == worker_id]:
+            known = self.approx.remove_worker(target) or known
+            self.eventless.discard(target)
         self.eventless.discard(worker_id)
         known = self.load.remove_worker(worker_id) > 0 or known
         self.reports.remove_worker(worker_id)
@@ -344,7 +473,8 @@ class RoutingCore:
 
     def known_workers(self) -> set[str]:
         """Workers with any state here (index, approximate index or active load)."""
-        return self.sync.workers() | set(self.approx.index.workers()) | set(self.load.workers())
+        targets = set(self.approx.index.workers()) | set(self.load.workers())
+        return self.sync.workers() | {worker_of(t) for t in targets}
 
     def sweep(self, now: float) -> tuple[int, int]:
         """Expire stale requests and (approximate mode) old assumed blocks."""

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from shared.messages import WorkerLoad
+from shared.targets import worker_of
 
 DEFAULT_REQUEST_TTL_S = 600.0
 DEFAULT_LOAD_STALE_S = 5.0
@@ -47,11 +48,19 @@ class WorkerActivity:
 
 
 class ActiveLoad:
-    """Requests in flight per worker, with shared-prefix block accounting."""
+    """Requests in flight per worker, with shared-prefix block accounting.
+
+    Workers here are routing targets (``shared.targets``: a data-parallel rank is one). A
+    disaggregated request has two entries: its decode target's (the request itself) and, while
+    its prefill runs, its prefill target's (``add_prefill``), freed by the prefill worker's
+    ``finished``, by the decode phase's start or with the request.
+    """
 
     def __init__(self, ttl_s: float = DEFAULT_REQUEST_TTL_S) -> None:
         self.ttl_s = ttl_s
         self._requests: dict[str, _Request] = {}  # insertion order = expiry order
+        self._prefills: dict[str, _Request] = {}
+        """Requests whose prefill runs on a prefill worker: that entry (disaggregated)."""
         self._workers: dict[str, WorkerActivity] = {}
 
     def add(
@@ -66,6 +75,46 @@ class ActiveLoad:
     ) -> None:
         """Count a request routed to ``worker_id`` (replacing an earlier route of it)."""
         self.free(request_id)
+        req = self._attach(worker_id, block_hashes, prompt_blocks, prefill_tokens, now)
+        self._requests[request_id] = req
+
+    def add_prefill(
+        self,
+        request_id: str,
+        worker_id: str,
+        *,
+        block_hashes: Sequence[int],
+        prompt_blocks: int,
+        prefill_tokens: int,
+        now: float,
+    ) -> None:
+        """Count a disaggregated request's prefill on its prefill target (after ``add``)."""
+        self.prefill_finished(request_id)
+        req = self._attach(worker_id, block_hashes, prompt_blocks, prefill_tokens, now)
+        self._prefills[request_id] = req
+
+    def prefill_finished(self, request_id: str, worker_id: str | None = None) -> bool:
+        """The request's prefill phase ended (on ``worker_id``'s targets, when given)."""
+        req = self._prefills.get(request_id)
+        if req is None or (worker_id is not None and worker_of(req.worker_id) != worker_id):
+            return False
+        del self._prefills[request_id]
+        self._detach(req)
+        return True
+
+    def prefill_worker_of(self, request_id: str) -> str | None:
+        """The prefill target of a request whose prefill phase runs."""
+        req = self._prefills.get(request_id)
+        return req.worker_id if req is not None else None
+
+    def _attach(
+        self,
+        worker_id: str,
+        block_hashes: Sequence[int],
+        prompt_blocks: int,
+        prefill_tokens: int,
+        now: float,
+    ) -> _Request:
         req = _Request(
             worker_id=worker_id,
             block_hashes=block_hashes,
@@ -73,7 +122,6 @@ class ActiveLoad:
             prefill_tokens=prefill_tokens,
             expires_at=now + self.ttl_s,
         )
-        self._requests[request_id] = req
         worker = self._workers.get(worker_id)
         if worker is None:
             worker = self._workers[worker_id] = WorkerActivity()
@@ -83,10 +131,14 @@ class ActiveLoad:
         worker.own_blocks += req.own_blocks
         worker.prefill_tokens += prefill_tokens
         worker.requests += 1
+        return req
 
-    def prefill_done(self, request_id: str) -> None:
-        """The worker finished the request's prefill: its prompt no longer loads prefill."""
-        req = self._requests.get(request_id)
+    def prefill_done(self, request_id: str, worker_id: str | None = None) -> None:
+        """The worker finished the request's prefill: its prompt no longer loads prefill.
+        (``worker_id``: the worker that said so; its prefill-phase entry when it has one.)"""
+        req = self._prefills.get(request_id)
+        if req is None or (worker_id is not None and worker_of(req.worker_id) != worker_id):
+            req = self._requests.get(request_id)
         if req is None or req.prefill_done:
             return
         req.prefill_done = True
@@ -94,9 +146,15 @@ class ActiveLoad:
 
     def free(self, request_id: str) -> bool:
         """The request finished or was cancelled; True when it was tracked."""
+        if self._prefills:
+            self.prefill_finished(request_id)
         req = self._requests.pop(request_id, None)
         if req is None:
             return False
+        self._detach(req)
+        return True
+
+    def _detach(self, req: _Request) -> None:
         worker = self._workers[req.worker_id]
         refs = worker.refs
         for h in req.block_hashes:
@@ -111,7 +169,6 @@ class ActiveLoad:
         worker.requests -= 1
         if worker.requests == 0:
             del self._workers[req.worker_id]
-        return True
 
     def expire(self, now: float) -> list[str]:
         """Free and return the requests older than the TTL (their end was never heard)."""
@@ -122,23 +179,30 @@ class ActiveLoad:
             stale.append(request_id)
         for request_id in stale:
             self.free(request_id)
+        for request_id in [r for r, q in self._prefills.items() if q.expires_at <= now]:
+            self.prefill_finished(request_id)
         return stale
 
     def worker_of(self, request_id: str) -> str | None:
-        """The worker a tracked request was routed to."""
+        """The target a tracked request was routed to (its decode target when disaggregated)."""
         req = self._requests.get(request_id)
         return req.worker_id if req is not None else None
 
     def requests_on(self, worker_id: str) -> list[str]:
-        """The tracked requests routed to ``worker_id``."""
-        return [rid for rid, req in self._requests.items() if req.worker_id == worker_id]
+        """The tracked requests routed to the targets of worker ``worker_id`` (prefill-phase
+        entries left out: the router that sent a prefill retries it, nobody migrates it)."""
+        return [rid for rid, req in self._requests.items() if worker_of(req.worker_id) == worker_id]
 
     def remove_worker(self, worker_id: str) -> int:
-        """Forget every request of a worker that left; returns how many."""
+        """Forget every request (and prefill-phase entry) on a worker that left; returns how
+        many requests."""
         gone = self.requests_on(worker_id)
         for request_id in gone:
             self.free(request_id)
-        return len(gone)
+        prefills = [r for r, q in self._prefills.items() if worker_of(q.worker_id) == worker_id]
+        for request_id in prefills:
+            self.prefill_finished(request_id)
+        return len(gone) + len(prefills)
 
     # --- per-worker figures --------------------------------------------------------------------
     def prefill_tokens(self, worker_id: str) -> int:

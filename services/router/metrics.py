@@ -70,6 +70,26 @@ class RouterMetrics:
             ["reason"],
             registry=registry,
         )
+        self.disagg = Counter(
+            "jetserve_router_disagg_requests_total",
+            "Requests of disaggregated models by path: remote (prefill on a prefill worker), "
+            "local (conditional disaggregation kept it on the decode worker), fallback (no "
+            "live prefill worker: aggregated on a decode worker)",
+            ["path"],
+            registry=registry,
+        )
+        self.prefill_retries = Counter(
+            "jetserve_router_prefill_retries_total",
+            "Prefill phases sent again to another prefill worker, by reason (lost, bounced, "
+            "timeout, or the prefill worker's error code)",
+            ["reason"],
+            registry=registry,
+        )
+        self.queries = Counter(
+            "jetserve_router_query_only_total",
+            "Query-only requests answered (nvext.annotations query_instance_id)",
+            registry=registry,
+        )
         self.snapshots = Counter(
             "jetserve_router_snapshots_total",
             "Index snapshots written by this replica",

@@ -25,17 +25,21 @@ class Policy(Protocol):
 
 
 class RoundRobin:
-    """Cycle through the live workers of each model; every model has its own cursor."""
+    """Cycle through the live workers of each model; every model (and a disaggregated model's
+    prefill pool) has its own cursor."""
 
     mode = "round-robin"
 
     def __init__(self) -> None:
-        self._cursors: dict[str, int] = {}
+        self._cursors: dict[tuple[str, bool], int] = {}
 
     def choose(self, request: Generate, workers: Sequence[WorkerCard]) -> WorkerCard:
         ordered = sorted(workers, key=_worker_id)  # already sorted: one linear pass
-        cursor = self._cursors.get(request.model, 0)
-        self._cursors[request.model] = cursor + 1
+        # A disaggregated request picks twice (decode pool, prefill pool): one cursor each, or
+        # the two picks would step in lockstep and always pair the same workers.
+        key = (request.model, ordered[0].role == "prefill")
+        cursor = self._cursors.get(key, 0)
+        self._cursors[key] = cursor + 1
         return ordered[cursor % len(ordered)]
 
 

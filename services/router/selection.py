@@ -24,6 +24,7 @@ import random
 from collections.abc import Sequence
 
 from shared.messages import Candidate, WorkerCard
+from shared.targets import worker_of
 
 
 def worker_cost(
@@ -90,4 +91,4 @@ def allowed_workers(
     if allowed is None:
         return live
     names = frozenset(allowed)
-    return [card for card in live if card.worker_id in names]
+    return [card for card in live if worker_of(card.worker_id) in names]

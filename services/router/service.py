@@ -6,6 +6,12 @@ and the worker registry. It probes the workers it has requests on (``liveness.py
 worker's load is freed at once and ``WorkerLost`` names its requests, which their formatters
 migrate (decision 017). The lease holder snapshots the index (``SnapshotWriter``). Every
 subscription goes through the shared handler boundary (``shared.handlers``).
+
+Disaggregated serving (decision 024): a request the core sends to a prefill worker goes there
+first as a prefill phase (``Generate.prefill_to``); this replica waits for the answer
+(``prefills.PrefillWaits``) and then sends the decode phase, with the answer's ``KvTransfer``, to
+the decode worker. A prefill that fails (worker lost, bounced, timed out, retryable error) is
+routed again without that worker; a query-only request is answered with a ``RouteChoice``.
 """
 
 from __future__ import annotations
@@ -32,18 +38,23 @@ from services.router.kv_feed import KvFeed
 from services.router.liveness import Liveness
 from services.router.load import ActiveLoad, BusyThresholds, WorkerReports
 from services.router.metrics import RouterMetrics
+from services.router.prefills import Outcome as PrefillOutcome
+from services.router.prefills import PrefillWaits
 from services.router.snapshots import SnapshotWriter, load_snapshot
 from services.router.sync import KvSync
 from services.router.workers import WorkerTracker
 from shared import codec
 from shared.bounce import Bounces
 from shared.bus import barrier, drain_subscription
-from shared.errors import InternalError, NoWorkerAvailable, ServiceError
+from shared.errors import InternalError, NoWorkerAvailable, ServiceError, from_message
 from shared.handlers import Boundary
 from shared.messages import (
     Cancel,
     Generate,
+    PrefillResult,
+    RequestFailed,
     RequestPhase,
+    RouteChoice,
     RouteDecision,
     RouteQuery,
     RouteStatus,
@@ -54,6 +65,7 @@ from shared.messages import (
 from shared.metrics import ServiceMetrics
 from shared.registry import WorkerDirectory
 from shared.subjects import Subjects
+from shared.targets import worker_of
 from shared.tasks import TaskSet
 
 log = structlog.get_logger(__name__)
@@ -73,6 +85,7 @@ once, so losing them at the first "no responders" migrated their requests onto n
 
 Attempt = tuple[Generate, tuple[str, ...]]
 """A forwarded request and the workers tried so far."""
+PrefillAnswer = PrefillResult | RequestFailed
 
 
 def core_settings(config: RouterConfig) -> CoreSettings:
@@ -91,6 +104,10 @@ def core_settings(config: RouterConfig) -> CoreSettings:
         busy_status=config.busy_status,
         busy_retry_after_s=config.busy_retry_after_s,
         seed=config.seed,
+        conditional_disagg=config.router_conditional_disagg,
+        disagg_min_tokens=config.disagg_min_prefill_tokens,
+        disagg_local_overlap=config.disagg_local_overlap,
+        enforce_disagg=config.enforce_disagg,
     )
 
 
@@ -134,6 +151,7 @@ class Router:
         self._route_sub: Subscription | None = None
         self._bounces: Bounces[Attempt] = Bounces(nc, self._subjects, self._on_worker_missing)
         self._tasks = TaskSet()
+        self._prefills = PrefillWaits()
         self._workers = WorkerTracker(config.worker_ttl_s)
         self.liveness = Liveness(config.worker_unresponsive_s)
         self._reconnects = 0
@@ -170,6 +188,10 @@ class Router:
             subjects.cancel: on(codec.decoder(Cancel), "cancel", self.on_cancel),
             subjects.worker_lost: on(codec.decoder(WorkerLost), "worker_lost", self.on_lost),
         }
+        prefilled = codec.decoder(PrefillAnswer)
+        follow[subjects.prefill_result(self.router_id)] = on(
+            prefilled, "prefilled", self.on_prefilled
+        )
         for subject, callback in follow.items():
             self._subs.append(await self._nc.subscribe(subject, cb=callback))
         await self._directory.start()
@@ -253,26 +275,44 @@ class Router:
         live = self.live(gen.model)
         if tried:
             live = [c for c in live if c.worker_id not in tried]
-        decision = self.core.decide(gen, live, now=now, rng=self.rng_for(gen.request_id))
-        # The block hashes were for routing: the worker's engine hashes in its own way.
-        routed = msgspec.structs.replace(
-            gen, worker_id=decision.worker_id, block_hashes=(), hash_block_size=0
+        decision = self.core.decide(
+            gen, live, now=now, rng=self.rng_for(gen.request_id), known=self._known_card
         )
-        # A worker gone since its last heartbeat bounces this back: retry another one.
-        reply = self._bounces.reply_for(gen.request_id, (gen, (*tried, decision.worker_id)))
-        await self._nc.publish(
-            self._subjects.generate(decision.worker_id), codec.encode(routed), reply=reply
-        )
+        if gen.routing is not None and gen.routing.query_only:
+            await self._answer_query(gen, decision)
+            return
+        remote = decision.disagg == "remote" and gen.kv_transfer is None
+        if not remote:
+            # The block hashes were for routing: the worker's engine hashes in its own way.
+            routed = msgspec.structs.replace(
+                gen,
+                worker_id=decision.worker_id,
+                dp_rank=decision.dp_rank,
+                block_hashes=(),
+                hash_block_size=0,
+            )
+            # A worker gone since its last heartbeat bounces this back: retry another one.
+            reply = self._bounces.reply_for(gen.request_id, (gen, (*tried, decision.worker_id)))
+            await self._nc.publish(
+                self._subjects.generate(decision.worker_id), codec.encode(routed), reply=reply
+            )
         # The bookkeeping after the request is on its way (the publish above does not wait
         # while the socket keeps up, so no other decision comes in between).
         self.core.commit(decision, now)
         await self._nc.publish(self._subjects.decisions, codec.encode(decision))
         self.metrics.decisions.labels(decision.mode).inc()
         self.metrics.overlap_blocks.observe(decision.overlap_blocks)
+        if decision.disagg:
+            self.metrics.disagg.labels(decision.disagg).inc()
+        if remote:
+            self._tasks.spawn(self._disaggregated(gen, decision, tried), name="prefill")
         if self._is_debug:
             log.debug(
                 "request_routed",
                 worker_id=decision.worker_id,
+                dp_rank=decision.dp_rank,
+                prefill_worker_id=decision.prefill_worker_id,
+                disagg=decision.disagg,
                 mode=decision.mode,
                 overlap_blocks=decision.overlap_blocks,
                 prompt_blocks=decision.prompt_blocks,
@@ -280,9 +320,118 @@ class Router:
                 retry=len(tried),
             )
 
+    def _known_card(self, worker_id: str) -> WorkerCard | None:
+        """A worker's card whatever its state (for telling a dead pin from an unknown one)."""
+        return self._directory.view.cards.get(worker_id)
+
+    async def _answer_query(self, gen: Generate, decision: RouteDecision) -> None:
+        """Query-only: say where ``gen`` would go; no state changes, nothing generated."""
+        choice = RouteChoice(
+            request_id=gen.request_id,
+            worker_id=decision.worker_id,
+            dp_rank=decision.dp_rank,
+            prefill_worker_id=decision.prefill_worker_id,
+            prefill_dp_rank=decision.prefill_dp_rank,
+            token_ids=gen.token_ids,
+            overlap_blocks=decision.overlap_blocks,
+            prompt_tokens=len(gen.token_ids),
+        )
+        await self._nc.publish(gen.stream_to, codec.encode(choice))
+        self.metrics.queries.inc()
+
+    # --- disaggregated serving -------------------------------------------------------------------
+    async def _disaggregated(
+        self, gen: Generate, decision: RouteDecision, tried: tuple[str, ...]
+    ) -> None:
+        """The prefill phase on ``decision``'s prefill worker, then the decode phase."""
+        request_id, prefill_id = gen.request_id, decision.prefill_worker_id
+        with bound_contextvars(request_id=request_id):
+            try:
+                outcome = await self._prefill(gen, decision)
+                if isinstance(outcome, PrefillResult):
+                    await self._decode(gen, decision, outcome, tried)
+                    return
+                if outcome == "cancelled":
+                    return
+                reason = outcome if isinstance(outcome, str) else outcome.code
+                failure = None if isinstance(outcome, str) else from_message(outcome)
+                if failure is not None and not failure.retryable:
+                    raise failure
+                if len(tried) + 1 >= MAX_ATTEMPTS:
+                    raise failure or NoWorkerAvailable(
+                        f"prefill failed on {len(tried) + 1} workers (last: {reason})"
+                    )
+                log.warning("prefill_retried", prefill_worker_id=prefill_id, reason=reason)
+                self.metrics.prefill_retries.labels(reason).inc()
+                await self._route(gen, (*tried, prefill_id))
+            except ServiceError as exc:
+                await self._abandon(gen, exc)
+            except Exception:  # a task's boundary: log once, 500
+                log.exception("request_crashed", kind="prefill")
+                await self._abandon(gen, InternalError("the router failed to route the request"))
+
+    async def _prefill(self, gen: Generate, decision: RouteDecision) -> PrefillOutcome:
+        """Send the prefill phase and wait for how it ended."""
+        worker_id = decision.prefill_worker_id
+        phase = msgspec.structs.replace(
+            gen,
+            worker_id=worker_id,
+            dp_rank=decision.prefill_dp_rank,
+            sampling=msgspec.structs.replace(gen.sampling, max_tokens=1, min_tokens=0, n=1),
+            prefill_to=self._subjects.prefill_result(self.router_id),
+            block_hashes=(),
+            hash_block_size=0,
+        )
+        self._prefills.expect(gen.request_id, worker_id)
+        reply = self._bounces.reply_for(gen.request_id, (phase, (worker_id,)))
+        await self._nc.publish(self._subjects.generate(worker_id), codec.encode(phase), reply=reply)
+        return await self._prefills.wait(gen.request_id, worker_id, self._config.prefill_timeout_s)
+
+    async def _decode(
+        self,
+        gen: Generate,
+        decision: RouteDecision,
+        result: PrefillResult,
+        tried: tuple[str, ...],
+    ) -> None:
+        """Send the decode phase, with where to pull the prompt's KV from."""
+        self.core.load.prefill_finished(gen.request_id)
+        decode = msgspec.structs.replace(
+            gen,
+            worker_id=decision.worker_id,
+            dp_rank=decision.dp_rank,
+            kv_transfer=result.kv_transfer,
+            block_hashes=(),
+            hash_block_size=0,
+        )
+        # A decode worker gone meanwhile bounces it: routed again, decode phase only.
+        unpinned = msgspec.structs.replace(gen, kv_transfer=result.kv_transfer)
+        reply = self._bounces.reply_for(gen.request_id, (unpinned, (*tried, decision.worker_id)))
+        await self._nc.publish(
+            self._subjects.generate(decision.worker_id), codec.encode(decode), reply=reply
+        )
+
+    async def _abandon(self, gen: Generate, error: ServiceError) -> None:
+        """End a disaggregated request that cannot be served: its formatter gets ``error``;
+        every replica frees its load and the prefill worker unpins (a broadcast ``Cancel``)."""
+        self.core.on_cancel(gen.request_id)
+        await self._boundary.fail(gen.stream_to, gen.request_id, error)
+        cancel = Cancel(request_id=gen.request_id, reason="prefill_failed")
+        with contextlib.suppress(nats.errors.Error):
+            await self._nc.publish(self._subjects.cancel, codec.encode(cancel))
+
+    async def on_prefilled(self, answer: PrefillResult | RequestFailed) -> None:
+        """A prefill worker's answer to a prefill phase this replica sent."""
+        if not self._prefills.answer(answer):
+            log.debug("prefill_answer_unexpected", request_id=answer.request_id)
+
     async def _on_worker_missing(self, request_id: str, attempt: Attempt, subject: str) -> None:
         """A bounce from a vanished worker: retry another one, or fail the request."""
         gen, tried = attempt
+        if gen.prefill_to:  # a prefill phase: its waiting task routes it again
+            self._probe_due([tried[-1]])
+            self._prefills.end(request_id, "bounced")
+            return
         with bound_contextvars(request_id=request_id):
             log.warning("worker_unreachable", worker_id=tried[-1], subject=subject)
             self.core.on_cancel(request_id)
@@ -312,13 +461,17 @@ class Router:
         self.core.on_load(report, self._clock())
 
     async def on_cancel(self, cancel: Cancel) -> None:
-        worker_id = cancel.worker_id
-        if worker_id is None or self.core.load.worker_of(cancel.request_id) == worker_id:
-            self.core.on_cancel(cancel.request_id)
+        worker_id, request_id = cancel.worker_id, cancel.request_id
+        if worker_id is None:
+            self._prefills.end(request_id, "cancelled")
+        target = self.core.load.worker_of(request_id)
+        if worker_id is None or (target is not None and worker_of(target) == worker_id):
+            self.core.on_cancel(request_id)
 
     async def on_lost(self, lost: WorkerLost) -> None:
         """A peer found a worker lost: leave it out and free its load here too."""
         if lost.router_id != self.router_id and self.liveness.lose(lost.worker_id, self._clock()):
+            self._prefills.lost(lost.worker_id)
             self.core.remove_worker(lost.worker_id)
             log.info("worker_lost_by_peer", worker_id=lost.worker_id, by=lost.router_id)
 
@@ -337,7 +490,9 @@ class Router:
         """Which worker has a request (every replica follows every decision, so any answers)."""
         try:
             query = codec.decode(msg.data, RouteQuery)
-            worker_id = self.core.load.worker_of(query.request_id)
+            load = self.core.load  # a request in its prefill phase is on its prefill worker
+            target = load.prefill_worker_of(query.request_id) or load.worker_of(query.request_id)
+            worker_id = None if target is None else worker_of(target)
             status = RouteStatus(request_id=query.request_id, worker_id=worker_id)
             await msg.respond(codec.encode(status))
         except (codec.DecodeError, nats.errors.Error) as exc:
@@ -350,7 +505,7 @@ class Router:
             await asyncio.sleep(interval_s)
             if not self._nc.is_connected:
                 continue
-            self._probe_due(self.core.load.workers())
+            self._probe_due(dict.fromkeys(worker_of(t) for t in self.core.load.workers()))
             self._probe_lost()
 
     def _probe_due(self, workers: Iterable[str]) -> None:
@@ -414,6 +569,7 @@ class Router:
         request_ids = tuple(self.core.load.requests_on(worker_id))
         if not self.liveness.lose(worker_id, self._clock()):
             return
+        self._prefills.lost(worker_id)
         self.core.remove_worker(worker_id)
         self.metrics.workers_lost.labels(reason).inc()
         log.warning("worker_lost", worker_id=worker_id, reason=reason, requests=len(request_ids))

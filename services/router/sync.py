@@ -11,6 +11,9 @@ returns. Each worker numbers its ``KvEventBatch``es 1, 2, 3, ... with no gaps, s
 * ``event_id == 1`` from a worker seen before means it restarted under the same id (the stream
   delivers each message once): its old blocks are dropped and the batch applied.
 
+Events carry the data-parallel rank whose cache changed: the index keys blocks by routing target
+(``shared.targets``), while ``event_id`` order, gaps and dumps stay per worker.
+
 A stream sequence at or below the last one consumed is a redelivery (a consumer re-created
 after a nats-server restart starts where this one stopped, and may overlap): it is skipped
 before any of the rules above, so a replayed batch 1 never looks like a restarted worker.
@@ -24,6 +27,7 @@ from enum import Enum
 
 from services.router.indexer import IndexSnapshot, RadixIndex
 from shared.messages import KvDump, KvEventBatch
+from shared.targets import SEPARATOR, target_id, worker_of
 
 
 class Outcome(Enum):
@@ -62,7 +66,8 @@ class KvSync:
         last = self.last_event_id.get(worker_id, 0)
         if batch.event_id == 1 and worker_id in self.last_event_id:
             # The stream delivers each message once, so a second batch 1 is a new incarnation.
-            self.index.clear(worker_id)
+            for target in self._targets(worker_id):
+                self.index.clear(target)
             last = 0
         if batch.event_id <= last:
             return Outcome.DUPLICATE
@@ -73,9 +78,15 @@ class KvSync:
         return Outcome.APPLIED
 
     def _apply(self, batch: KvEventBatch) -> None:
+        worker_id, index = batch.worker_id, self.index
         for event in batch.events:
-            self.index.apply(batch.worker_id, event)
-        self.last_event_id[batch.worker_id] = batch.event_id
+            index.apply(target_id(worker_id, event.dp_rank) if event.dp_rank else worker_id, event)
+        self.last_event_id[worker_id] = batch.event_id
+
+    def _targets(self, worker_id: str) -> list[str]:
+        """The worker's targets the index knows (itself, and its ranks above 0)."""
+        prefix = worker_id + SEPARATOR
+        return [w for w in self.index.workers() if w == worker_id or w.startswith(prefix)]
 
     def apply_dump(self, dump: KvDump) -> Iterator[Outcome]:
         """Replace the worker's blocks with ``dump``, then replay the batches held meanwhile.
@@ -84,9 +95,13 @@ class KvSync:
         caller requests another dump when it sees ``Outcome.GAP``).
         """
         waiting = self.held.pop(dump.worker_id, [])
-        self.index.replace_worker(
-            dump.worker_id, (h for stored in dump.events for h in stored.block_hashes)
-        )
+        by_target: dict[str, list[int]] = {t: [] for t in self._targets(dump.worker_id)}
+        by_target.setdefault(dump.worker_id, [])
+        for stored in dump.events:
+            target = target_id(dump.worker_id, stored.dp_rank)
+            by_target.setdefault(target, []).extend(stored.block_hashes)
+        for target, hashes in by_target.items():
+            self.index.replace_worker(target, hashes)
         self.last_event_id[dump.worker_id] = dump.event_id
         yield from self._replay(waiting)
 
@@ -109,11 +124,14 @@ class KvSync:
         """Forget a worker that left the registry; True when it was known."""
         self.held.pop(worker_id, None)
         known = self.last_event_id.pop(worker_id, None) is not None
-        return self.index.remove_worker(worker_id) or known
+        for target in self._targets(worker_id):
+            known = self.index.remove_worker(target) or known
+        return known
 
     def workers(self) -> set[str]:
-        """Workers with blocks, an ``event_id`` or a dump in flight."""
-        return set(self.index.workers()) | set(self.last_event_id) | set(self.held)
+        """Workers with blocks (on any rank), an ``event_id`` or a dump in flight."""
+        workers = {worker_of(t) for t in self.index.workers()}
+        return workers | set(self.last_event_id) | set(self.held)
 
     @property
     def is_settled(self) -> bool:

@@ -1,5 +1,5 @@
 """Prometheus ``/metrics`` of the gateway, preprocessor and formatter after real requests; and
-``nvext``: a pinned worker is echoed back in ``nvext.worker_id``, an unknown one is a 404."""
+``nvext``: a pinned worker is echoed back in ``nvext.worker_id``, an unknown one is a 400 naming the header."""
 
 from __future__ import annotations
 
@@ -130,14 +130,17 @@ async def test_pinned_worker_is_echoed_on_the_final_stream_chunk(
     assert all(e is None for e in echoed[:-1])
 
 
-async def test_unknown_pinned_worker_is_404(client: openai.AsyncOpenAI) -> None:
-    with pytest.raises(openai.NotFoundError):
+async def test_unknown_pinned_worker_is_400(client: openai.AsyncOpenAI) -> None:
+    """Issue 24: a pin the registry cannot resolve is the client's mistake (400, the field
+    named), not a missing resource; a known but dead worker is a 503."""
+    with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(
             model=MODEL,
             messages=CHAT,
             max_tokens=2,
             extra_headers={"x-worker-instance-id": "no-such-worker"},
         )
+    assert "no-such-worker" in str(caught.value)
 
 
 async def test_invalid_pinned_worker_is_400(client: openai.AsyncOpenAI) -> None:

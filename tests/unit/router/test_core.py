@@ -8,7 +8,7 @@ import pytest
 
 from services.router.core import CoreSettings, RoutingCore
 from services.router.load import BusyThresholds
-from shared.errors import AllWorkersBusy, InvalidRequest, NotFound, NoWorkerAvailable
+from shared.errors import AllWorkersBusy, InvalidRequest, NoWorkerAvailable
 from shared.hashing import prefix_hashes
 from shared.messages import (
     Generate,
@@ -279,9 +279,17 @@ class TestPinning:
         assert (decision.worker_id, decision.mode) == ("w2", "direct")
         assert core.load.requests("w2") == 1
 
-    def test_pinned_worker_that_is_not_live_is_not_found(self) -> None:
-        with pytest.raises(NotFound, match="w9"):
+    def test_pinned_worker_the_registry_does_not_know_is_a_bad_request(self) -> None:
+        with pytest.raises(InvalidRequest, match="w9") as caught:
             _core().decide(_gen(worker_id="w9"), _cards("w1"), now=0, rng=RNG)
+        assert caught.value.param == "nvext.backend_instance_id"
+
+    def test_pinned_worker_known_but_not_live_is_unavailable(self) -> None:
+        dead = _cards("w9")[0]
+        with pytest.raises(NoWorkerAvailable, match="w9 is not live"):
+            _core().decide(
+                _gen(worker_id="w9"), _cards("w1"), now=0, rng=RNG, known={"w9": dead}.get
+            )
 
     def test_direct_mode_needs_a_pinned_worker(self) -> None:
         core = RoutingCore(CoreSettings(mode="direct"))

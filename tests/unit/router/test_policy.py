@@ -8,7 +8,7 @@ import pytest
 
 from services.router.core import CoreSettings, RoutingCore
 from services.router.policy import Random, RoundRobin, build_policy
-from shared.errors import NotFound, NoWorkerAvailable
+from shared.errors import InvalidRequest, NoWorkerAvailable
 from shared.messages import Generate, SamplingParams, WorkerCard
 
 RNG = random.Random(0)
@@ -102,10 +102,10 @@ class TestPinnedWorker:
         assert _pick(core, _gen(worker_id="w2"), workers) == "w2"
         assert _pick(core, _gen(), workers) == "w1"
 
-    def test_pinned_worker_that_is_not_live_is_not_found(self) -> None:
-        with pytest.raises(NotFound, match="w9") as info:
+    def test_pinned_worker_that_is_not_known_is_a_bad_request(self) -> None:
+        with pytest.raises(InvalidRequest, match="w9") as info:
             _pick(_core("round-robin"), _gen(worker_id="w9"), _cards("w1"))
-        assert info.value.status == 404
+        assert (info.value.status, info.value.param) == (400, "nvext.backend_instance_id")
 
 
 def test_unknown_mode_is_rejected() -> None:
