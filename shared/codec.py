@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from shared.messages import GatewayEvent, WorkerEvent
+from shared.messages import GatewayEvent, PrefillAnswer, WorkerEvent
 
 T = TypeVar("T")
 
@@ -43,7 +43,10 @@ def decode(data: bytes, kind: type[T]) -> T:
 
 
 WORKER_EVENTS: Decoder[WorkerEvent] = Decoder(WorkerEvent)
-"""What a formatter's stream subject carries: ``TokenBatch`` or ``RequestFailed``."""
+"""What a formatter's stream subject carries: ``TokenBatch``, ``RequestFailed`` or
+``RouteChoice``."""
+PREFILL_ANSWERS: Decoder[PrefillAnswer] = Decoder(PrefillAnswer)
+"""What a router's prefill-result subject carries: ``PrefillResult`` or ``RequestFailed``."""
 GATEWAY_EVENTS: Decoder[GatewayEvent] = Decoder(GatewayEvent)
 """What a gateway's reply subject carries: ``ResponseChunk``, ``RequestFailed``
 (or ``TensorResult``)."""

@@ -504,8 +504,10 @@ class TensorResult(Message, frozen=True):
     parameters: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-WorkerEvent = TokenBatch | RequestFailed
-"""What a formatter's stream subject carries."""
+WorkerEvent = TokenBatch | RequestFailed | RouteChoice
+"""What a formatter's stream subject carries (``RouteChoice``: a query-only answer)."""
+PrefillAnswer = PrefillResult | RequestFailed
+"""What a router's ``prefill_result`` subject carries."""
 GatewayEvent = ResponseChunk | RequestFailed | TensorResult
 """What a gateway's reply subject carries."""
 

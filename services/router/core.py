@@ -201,7 +201,8 @@ class RoutingCore:
                     retry_after_s=1.0,
                 )
             return msgspec.structs.replace(chosen, disagg="fallback")
-        if pins.prefill is None and self._keeps_local(chosen):
+        if pins.prefill is None and (gen.sampling.n > 1 or self._keeps_local(chosen)):
+            # n > 1: a vLLM decode instance would pull the same blocks once per sequence
             return msgspec.structs.replace(chosen, disagg="local")
         first = self._pool(gen, prefill, hints, now, rng, pins.prefill, exhaustive)
         return msgspec.structs.replace(

@@ -85,7 +85,6 @@ once, so losing them at the first "no responders" migrated their requests onto n
 
 Attempt = tuple[Generate, tuple[str, ...]]
 """A forwarded request and the workers tried so far."""
-PrefillAnswer = PrefillResult | RequestFailed
 
 
 def core_settings(config: RouterConfig) -> CoreSettings:
@@ -188,10 +187,8 @@ class Router:
             subjects.cancel: on(codec.decoder(Cancel), "cancel", self.on_cancel),
             subjects.worker_lost: on(codec.decoder(WorkerLost), "worker_lost", self.on_lost),
         }
-        prefilled = codec.decoder(PrefillAnswer)
-        follow[subjects.prefill_result(self.router_id)] = on(
-            prefilled, "prefilled", self.on_prefilled
-        )
+        prefilled = on(codec.PREFILL_ANSWERS, "prefilled", self.on_prefilled)
+        follow[subjects.prefill_result(self.router_id)] = prefilled
         for subject, callback in follow.items():
             self._subs.append(await self._nc.subscribe(subject, cb=callback))
         await self._directory.start()

@@ -32,11 +32,11 @@ HASHES = prefix_hashes(PROMPT, BS)
 
 
 def _gen(rid: str = "r1", tokens: tuple[int, ...] = PROMPT, **kw: object) -> Generate:
+    kw.setdefault("sampling", SamplingParams(max_tokens=8))
     return Generate(
         request_id=rid,
         model="m",
         token_ids=tokens,
-        sampling=SamplingParams(max_tokens=8),
         stream_to="s",
         **kw,  # type: ignore[arg-type]
     )
@@ -320,3 +320,10 @@ def test_two_phase_choice_equals_exhaustive_computation(seed: int) -> None:
             assert decision.disagg == "remote"
             assert chosen in prefill_best
             assert split_target(chosen)[0].startswith("p")
+
+
+def test_several_sequences_prefill_on_the_decode_worker() -> None:
+    """n > 1: each sequence of a vLLM decode instance would pull the same blocks."""
+    gen = _gen(sampling=SamplingParams(max_tokens=8, n=2))
+    decision = _core().decide(gen, _fleet(), now=0, rng=RNG)
+    assert (decision.disagg, decision.prefill_worker_id) == ("local", "")
