@@ -1,5 +1,6 @@
 """Mocker configuration: its settings table (``JETSERVE_MOCKER_*``): the worker's settings
-(``shared.worker.config``) plus the simulated engine's."""
+(``shared.worker.config``; ``--role`` and ``--data-parallel-size`` among them) plus the
+simulated engine's, its KV transfer's for disaggregated serving included."""
 
 from __future__ import annotations
 
@@ -35,4 +36,28 @@ class MockerConfig(WorkerConfig):
         "Time steps as Dynamo's mocker: prefill time, then the step's tokens go out, then the "
         "decode time, which a step that completes a prefill pays too. Off: one prefill + "
         "decode time, tokens at its end, and a first token comes with its prefill",
+    )
+    kv_transfer_bandwidth_gbps: float = setting(
+        25.0,
+        "Disaggregated decode: KV pull bandwidth in GB/s (gigabytes, 10^9 bytes, per second; "
+        "25 = one 200 Gb/s RDMA link); pull times are divided by --speedup-ratio as all times",
+        gt=0,
+    )
+    kv_transfer_latency_ms: float = setting(
+        1.0,
+        "Disaggregated decode: fixed time of a KV pull, in ms, on top of blocks x bytes per "
+        "block / bandwidth (a pull of no block takes no time)",
+        ge=0,
+    )
+    kv_block_bytes: int = setting(
+        0,
+        "Bytes per KV block a decode worker pulls (0 = 2 x layers x KV heads x head dim x "
+        "dtype bytes x block size from the model's config.json; Qwen3-0.6B's without one)",
+        ge=0,
+    )
+    kv_pin_timeout_s: float = setting(
+        30.0,
+        "Prefill worker: free a prefill's pinned KV blocks after this many seconds (wall "
+        "time) when no decode worker released them",
+        gt=0,
     )

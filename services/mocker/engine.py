@@ -5,16 +5,27 @@ Pure: no I/O, no real sleeping. The clock is injected, randomness comes from see
 ``step()`` returns what each request emitted plus how long the step would take on a GPU.
 As in vLLM v1, every running request is scheduled ``tokens - computed`` new tokens (a prompt
 chunk, or the one token to decode); a request that completes its tokens samples one more.
+
+Disaggregated serving (``handoff``): a prefill phase samples one token, then its prompt blocks
+stay pinned for the decode worker (``Emission.kv_transfer_params`` says which); a decode phase
+first pulls the named blocks it lacks (not stepping meanwhile: other requests go on), then
+queues as any request and prefills only the tail nobody computed. Until the first such request
+arrives, steps pay one attribute check for this.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from services.mocker import structured
+import msgspec
+
+from services.mocker import structured, transfer
+from services.mocker.handoff import Pins, Pulls
 from services.mocker.kv_cache import KvCache
 from services.mocker.logprobs import is_greedy, token_logprob
 from services.mocker.records import EngineConfig, StepOutput
@@ -22,7 +33,7 @@ from services.mocker.sequence import EngineRequest
 from services.mocker.timing import PolynomialTiming
 from shared.hashing import SEED, block_hash
 from shared.messages import AnyKvEvent, FinishReason, SamplingParams, TokenLogprob
-from shared.worker.records import Emission, EngineError, EngineLoad, EngineStats
+from shared.worker.records import Emission, EngineError, EngineLoad, EnginePhase, EngineStats
 
 __all__ = [
     "Emission",
@@ -46,9 +57,11 @@ class Engine:
         timing: PolynomialTiming | None = None,
         clock: Callable[[], float] = time.monotonic,
         encode: structured.Encode | None = None,
+        stats: EngineStats | None = None,
     ) -> None:
         """``encode``: the model's tokenizer, for structured output (``sampling.guided``);
-        without it guided requests get corpus text."""
+        without it guided requests get corpus text. ``stats``: counters shared with other
+        engines (a worker's data-parallel ranks)."""
         if not corpus:
             raise ValueError("the corpus must not be empty")
         self.config = config
@@ -56,8 +69,15 @@ class Engine:
             config.num_gpu_blocks,
             config.block_size,
             enable_prefix_caching=config.enable_prefix_caching,
+            dp_rank=config.dp_rank,
         )
-        self.stats = EngineStats()
+        self.stats = stats if stats is not None else EngineStats()
+        self.pins = Pins(self.cache, config.kv_pin_timeout_s)
+        """Finished prefill phases' blocks, kept for their decode workers."""
+        self.pulls = Pulls(self.cache)
+        """Decode phases pulling their blocks (neither waiting nor running)."""
+        self._disaggregated = False
+        """A prefill or decode phase came: steps check pins and pulls from then on."""
         self._corpus = tuple(corpus)
         self._timing = timing or PolynomialTiming()
         self._clock = clock
@@ -71,11 +91,17 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
+        return bool(self._waiting or self._running or self.pulls.pending)
+
+    @property
+    def is_stepping(self) -> bool:
+        """Some request can be scheduled (not only pulls in flight)."""
         return bool(self._waiting or self._running)
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        """Requests queued, pulling ones included (vLLM's waiting-for-remote-KV)."""
+        return len(self._waiting) + len(self.pulls.pending)
 
     @property
     def num_running(self) -> int:
@@ -88,9 +114,11 @@ class Engine:
         """Queue lengths, KV blocks in use and prompt tokens still to prefill."""
         pending = sum(s.num_tokens - s.num_computed for s in self._waiting)
         pending += sum(len(s.prompt) - s.num_computed for s in self._running if s.is_prefilling)
+        for pull in self.pulls.pending.values():
+            pending += pull.seqs[0].num_tokens - pull.covered_tokens
         return EngineLoad(
             active=len(self._running),
-            waiting=len(self._waiting),
+            waiting=len(self._waiting) + len(self.pulls.pending),
             kv_used_blocks=self.cache.used_blocks,
             kv_total_blocks=self.cache.num_blocks,
             prefill_tokens=max(0, pending),
@@ -107,6 +135,8 @@ class Engine:
         hash_seed: int = SEED,
         lora_name: str | None = None,
         resumed_tokens: int = 0,
+        phase: EnginePhase = "both",
+        kv_transfer: Mapping[str, Any] | None = None,
     ) -> None:
         """Queue a request; its output starts at a corpus offset drawn from its seed.
 
@@ -118,7 +148,14 @@ class Engine:
         ``resumed_tokens``: the prompt's last tokens were generated before a migration; the
         output goes on from where they left off, as if the request had never moved (``n`` = 1
         only: a migration restarts one sequence).
+
+        ``phase="prefill"``: one sequence, one token (``max_tokens`` ignored), then its prompt
+        blocks are pinned and its last emission says how to pull them. ``phase="decode"``: the
+        blocks ``kv_transfer`` (a prefill's ``kv_transfer_params``) names and this cache lacks
+        are pulled first (``pulls``); the request queues once they are here.
         """
+        if phase == "prefill":
+            sampling = msgspec.structs.replace(sampling, max_tokens=1, n=1)
         if request_id in self._by_id:
             raise EngineError(f"request {request_id} is already in the engine")
         if not prompt:
@@ -157,9 +194,33 @@ class Engine:
             if resumed_tokens:
                 seq.skip_generated(self._corpus, resumed_tokens)
             seqs.append(seq)
-        self._waiting.extend(seqs)
         self._by_id[request_id] = seqs
         self.stats.prompt_tokens += len(prompt)
+        if phase == "both":
+            self._waiting.extend(seqs)
+            return
+        self._disaggregated = True
+        if phase == "prefill":
+            seqs[0].prefill_only = True
+            self._waiting.extend(seqs)
+            return
+        self.pulls.start(seqs, kv_transfer, self._clock(), self._pull_seconds)
+
+    def release_pin(self, request_id: str) -> bool:
+        """Unpin a finished prefill phase's blocks (pulled, or abandoned); False: none."""
+        return self.pins.release(request_id)
+
+    def expire_pins(self) -> list[str]:
+        """Unpin the prefill phases whose pin timeout has passed; their request ids."""
+        return self.pins.expire(self._clock()) if self.pins.pins else []
+
+    def next_pull_at(self) -> float | None:
+        """When the next pull lands, on the engine's clock (None: none pending)."""
+        return self.pulls.next_ready
+
+    def now(self) -> float:
+        """The engine's clock."""
+        return self._clock()
 
     def cancel(self, request_id: str) -> Emission | None:
         """Remove a request (all its choices) at once; the final (empty) emission says
@@ -168,8 +229,11 @@ class Engine:
         if seqs is None:
             return None
         first = seqs[0]
-        for seq in list(seqs):
-            self._free(seq)
+        if self.pulls.pending and self.pulls.cancel(request_id) is not None:
+            del self._by_id[request_id]  # cancelled while pulling: never queued
+        else:
+            for seq in list(seqs):
+                self._free(seq)
         return Emission(
             request_id=request_id,
             token_ids=(),
@@ -194,6 +258,9 @@ class Engine:
 
     def step(self) -> StepOutput:
         """Schedule within the budget, compute each scheduled chunk, emit completed requests."""
+        pulled: tuple[tuple[str, int], ...] = ()
+        if self._disaggregated:
+            pulled = self._handoffs()
         emissions: list[Emission] = []
         finished: list[EngineRequest] = []
         prefill_tokens = decode_seqs = 0
@@ -221,7 +288,45 @@ class Engine:
             )
         for seq in finished:
             self._free(seq)
-        return StepOutput(emissions, duration_s, prefill_tokens, decode_seqs, prefill_s)
+        return StepOutput(emissions, duration_s, prefill_tokens, decode_seqs, prefill_s, pulled)
+
+    # --- disaggregated serving ---------------------------------------------------------------
+
+    def _handoffs(self) -> tuple[tuple[str, int], ...]:
+        """Before a step: free timed-out pins, queue the decode phases whose pulls landed."""
+        now = self._clock()
+        if self.pins.pins:
+            self.pins.expire(now)
+        if not self.pulls.pending:
+            return ()
+        landed = self.pulls.land(now)
+        for pull in landed:
+            self._waiting.extend(pull.seqs)
+        return tuple((p.request_id, p.count) for p in landed)
+
+    def _pull_seconds(self, blocks: int, params: Mapping[str, Any]) -> float:
+        block_bytes = params.get("block_bytes")
+        config = self.config
+        return transfer.pull_seconds(
+            blocks,
+            block_bytes=block_bytes if isinstance(block_bytes, int) else config.kv_block_bytes,
+            bandwidth_gbps=config.kv_transfer_bandwidth_gbps,
+            latency_ms=config.kv_transfer_latency_ms,
+            speedup_ratio=config.speedup_ratio,
+        )
+
+    def _hand_over(self, seq: EngineRequest, emission: Emission) -> Emission:
+        """A prefill phase's last emission: pin its prompt blocks, say how to pull them."""
+        hashes = seq.table.hashes[: len(seq.prompt) // seq.block_size]
+        self.pins.pin(seq.request_id, hashes, self._clock())
+        config = self.config
+        params = transfer.handle(
+            hashes,
+            block_size=seq.block_size,
+            block_bytes=config.kv_block_bytes,
+            dp_rank=config.dp_rank,
+        )
+        return dataclasses.replace(emission, kv_transfer_params=params)
 
     # --- internals -------------------------------------------------------------------------------
 
@@ -295,6 +400,9 @@ class Engine:
                 break  # FCFS: wait until running requests free blocks
             self._waiting.popleft()
             self._running.append(seq)
+            if seq.held is not None:  # a decode phase's pulled blocks: now in its own table
+                self.cache.release(seq.held)
+                seq.held = None
             seq.num_computed = computed
             if seq.is_prefilling:
                 seq.cached_tokens = computed
@@ -360,7 +468,7 @@ class Engine:
                 vocabulary=self._corpus,
             )
             logprobs = (logprob,)
-        return Emission(
+        emission = Emission(
             request_id=seq.request_id,
             token_ids=(token,),
             index=index,
@@ -372,6 +480,9 @@ class Engine:
             logprobs=logprobs,
             done=done,
         )
+        if seq.prefill_only and finish is not None:
+            return self._hand_over(seq, emission)
+        return emission
 
     def _free(self, seq: EngineRequest) -> None:
         seqs = self._by_id[seq.request_id]
@@ -382,4 +493,7 @@ class Engine:
             self._running.remove(seq)
         else:
             self._waiting.remove(seq)
+        if seq.held is not None:
+            self.cache.release(seq.held)
+            seq.held = None
         self.cache.release(seq.table)

@@ -4,7 +4,8 @@ LRU eviction of free cached blocks, and the KV events each change produces.
 Pure: no I/O, no clock. Like Dynamo's mocker ``KvManager``, a new block comes from never-used
 capacity first and only then evicts the least recently freed cached block, so a cached prefix
 stays as long as there is room. A request's blocks are freed tail first, so a prefix's last
-block is evicted before its first one.
+block is evicted before its first one. Each data-parallel rank has a cache of its own, and its
+events say which (``dp_rank``).
 """
 
 from __future__ import annotations
@@ -50,12 +51,21 @@ class _Stored:
 class KvCache:
     """``num_blocks`` blocks of ``block_size`` tokens; full blocks cached by sequence hash."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        dp_rank: int = 0,
+    ):
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be at least 1")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.dp_rank = dp_rank
+        """The data-parallel rank this cache belongs to (on every event it records)."""
         self._blocks: dict[int, _Block] = {}
         """Cached full blocks (in use or free), by sequence hash."""
         self._free_cached: OrderedDict[int, None] = OrderedDict()
@@ -162,7 +172,7 @@ class KvCache:
             del self._blocks[h]
         self._num_free += len(self._free_cached)
         self._free_cached.clear()
-        self._events.append(AllBlocksCleared())
+        self._events.append(AllBlocksCleared(dp_rank=self.dp_rank))
 
     def take_events(self) -> list[AnyKvEvent]:
         """The KV events recorded since the last call, in order (consecutive stores merged)."""
@@ -178,6 +188,7 @@ class KvCache:
                         token_ids=tuple(e.tokens),
                         block_size=self.block_size,
                         lora_name=e.lora_name,
+                        dp_rank=self.dp_rank,
                     )
                 )
             else:
@@ -210,6 +221,7 @@ class KvCache:
                     token_ids=tuple(t for b in chain for t in b.tokens) if with_tokens else (),
                     block_size=self.block_size,
                     lora_name=block.lora_name,
+                    dp_rank=self.dp_rank,
                 )
             )
         return out
@@ -232,9 +244,10 @@ class KvCache:
             evicted.append(h)
         last = self._events[-1] if self._events else None
         if isinstance(last, BlockRemoved):
-            self._events[-1] = BlockRemoved(block_hashes=(*last.block_hashes, *evicted))
+            merged = (*last.block_hashes, *evicted)
+            self._events[-1] = BlockRemoved(block_hashes=merged, dp_rank=self.dp_rank)
         else:
-            self._events.append(BlockRemoved(block_hashes=tuple(evicted)))
+            self._events.append(BlockRemoved(block_hashes=tuple(evicted), dp_rank=self.dp_rank))
 
     def _record_stored(
         self, seq_hash: int, parent: int | None, tokens: Sequence[int], lora_name: str | None

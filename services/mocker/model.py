@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from services.mocker.config import MockerConfig
 from services.mocker.corpus import corpus_token_ids, load_tokenizer
+from services.mocker.transfer import DEFAULT_KV_BYTES_PER_TOKEN, read_kv_bytes_per_token
 from shared.model_dir import context_length, eos_token_ids
 from shared.worker.process import model_created
 
@@ -29,6 +30,8 @@ class ModelInfo:
     """The model's ``created`` time (its files' newest mtime): the same for every worker that
     serves this directory, so they all publish the same card."""
     tokenizer: Tokenizer | None = None
+    kv_bytes_per_token: int = DEFAULT_KV_BYTES_PER_TOKEN
+    """KV bytes per token from the model's ``config.json`` (``transfer.kv_bytes_per_token``)."""
 
     def encode(self, text: str) -> Sequence[int]:
         """Token ids of ``text`` (no special tokens added; added tokens such as
@@ -50,4 +53,5 @@ def load_model_info(config: MockerConfig) -> ModelInfo:
         eos_token_ids=eos_token_ids(model_dir),
         context_length=config.context_length or context_length(model_dir),
         created=model_created(model_dir),
+        kv_bytes_per_token=read_kv_bytes_per_token(model_dir),
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.mocker.transfer import DEFAULT_KV_BYTES_PER_TOKEN
 from shared.worker.records import Emission
 
 
@@ -23,6 +24,17 @@ class EngineConfig:
     token comes from the decode phase); off = a first token is sampled with its prefill."""
     eos_token_ids: tuple[int, ...] = ()
     """The model's EOS ids; the first ends text at the corpus end when a request names none."""
+    dp_rank: int = 0
+    """The data-parallel rank this engine is (its KV events say so)."""
+    kv_block_bytes: int = DEFAULT_KV_BYTES_PER_TOKEN * 16
+    """Bytes of one KV block (``services.mocker.transfer``): what a decode pulls per block."""
+    kv_transfer_bandwidth_gbps: float = 25.0
+    """KV pull bandwidth, GB/s (10^9 bytes per second)."""
+    kv_transfer_latency_ms: float = 1.0
+    """Fixed time of a pull of at least one block."""
+    kv_pin_timeout_s: float = 30.0
+    """A prefill's pinned blocks are freed this long after it finished if nobody released them
+    (wall time, not divided by the speedup ratio: routers read ``KvTransfer.expires_at``)."""
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -39,3 +51,6 @@ class StepOutput:
     decode_seqs: int
     prefill_s: float = 0.0
     """The part of ``duration_s`` spent on prompt tokens; the decode part comes after it."""
+    pulled: tuple[tuple[str, int], ...] = ()
+    """Disaggregated decode: ``(request id, blocks pulled)`` of the pulls that landed at the
+    start of the step (their requests were queued before it scheduled)."""

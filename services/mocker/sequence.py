@@ -65,6 +65,11 @@ class EngineRequest:
     cached_tokens: int = 0
     """Prompt tokens served from the prefix cache when the request was (last) admitted."""
     table: BlockTable = field(default_factory=BlockTable)
+    prefill_only: bool = False
+    """A disaggregated prefill phase: one token, then its prompt blocks stay pinned."""
+    held: BlockTable | None = None
+    """Disaggregated decode: the pulled (and already held) prompt blocks, referenced until the
+    request is admitted and takes them as cache hits."""
     block_hashes: list[int] = field(default_factory=list)
     """Sequence hashes of the full blocks of ``prompt + output`` hashed so far."""
 

@@ -1,5 +1,6 @@
-"""Mocker wiring: a ``WorkerProcess`` whose engines are simulated (``SimulatedEngine``), all
-sharing the model's files and tokenized corpus. ``python -m services.mocker`` runs a ``Mocker``
+"""Mocker wiring: a ``WorkerProcess`` whose engines are simulated (``SimulatedEngine``, or a
+``DataParallelEngine`` of several with ``--data-parallel-size``), all sharing the model's files
+and tokenized corpus. ``python -m services.mocker`` runs a ``Mocker``
 under ``shared.lifecycle.run_service``.
 """
 
@@ -11,8 +12,8 @@ from pathlib import Path
 from nats.aio.client import Client
 
 from services.mocker.config import MockerConfig
+from services.mocker.data_parallel import make_engine
 from services.mocker.model import ModelInfo, load_model_info
-from services.mocker.simulated import SimulatedEngine
 from shared.worker.metrics import WorkerMetrics
 from shared.worker.process import EngineFactory, WorkerService
 from shared.worker.runtime import WorkerRuntime
@@ -40,4 +41,4 @@ class Mocker(WorkerService):
         if model is None:
             model = self._model = await asyncio.to_thread(load_model_info, self.config)
         config = self.config
-        return (lambda _worker_id: SimulatedEngine(config, model)), model.model_dir
+        return (lambda _worker_id: make_engine(config, model)), model.model_dir

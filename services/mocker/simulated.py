@@ -1,9 +1,17 @@
 """The mocker as a ``WorkerEngine``: the pure simulated ``Engine`` stepped on a simulated GPU
-clock (``pacing.Pacer``, decision 005), its emissions handed to the worker runtime's sink."""
+clock (``pacing.Pacer``, decision 005), its emissions handed to the worker runtime's sink.
+
+Disaggregated serving: while a decode phase pulls its blocks the loop keeps stepping the other
+requests, and with nothing else to step it sleeps until the next pull lands (or a request
+arrives or is cancelled); a landed pull is told to the sink (``kv_pulled``). A prefill's pinned
+blocks are freed by ``release_kv``, or by a timer when their timeout passes on an idle engine.
+One ``SimulatedEngine`` is one data-parallel rank (``data_parallel.DataParallelEngine`` runs
+several)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -17,8 +25,9 @@ from shared.worker.engine import EmissionSink
 from shared.worker.records import Emission, EngineFacts, EngineInput, EngineLoad, EngineStats
 
 
-def engine_config(config: MockerConfig, model: ModelInfo) -> EngineConfig:
-    """The simulated engine's settings."""
+def engine_config(config: MockerConfig, model: ModelInfo, dp_rank: int = 0) -> EngineConfig:
+    """The simulated engine's settings (of data-parallel rank ``dp_rank``)."""
+    block_bytes = config.kv_block_bytes or model.kv_bytes_per_token * config.block_size
     return EngineConfig(
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
@@ -29,17 +38,34 @@ def engine_config(config: MockerConfig, model: ModelInfo) -> EngineConfig:
         seed=config.seed,
         speedup_ratio=config.speedup_ratio,
         eos_token_ids=model.eos_token_ids,
+        dp_rank=dp_rank,
+        kv_block_bytes=block_bytes,
+        kv_transfer_bandwidth_gbps=config.kv_transfer_bandwidth_gbps,
+        kv_transfer_latency_ms=config.kv_transfer_latency_ms,
+        kv_pin_timeout_s=config.kv_pin_timeout_s,
     )
 
 
 class SimulatedEngine:
-    """``WorkerEngine`` over the simulated ``Engine``: one per mocker worker."""
+    """``WorkerEngine`` over the simulated ``Engine``: one per mocker worker (or rank)."""
 
-    def __init__(self, config: MockerConfig, model: ModelInfo) -> None:
+    def __init__(
+        self,
+        config: MockerConfig,
+        model: ModelInfo,
+        *,
+        dp_rank: int = 0,
+        stats: EngineStats | None = None,
+    ) -> None:
         self._config = config
         self._model = model
-        self.engine = Engine(engine_config(config, model), model.corpus, encode=model.encode)
+        self.engine = Engine(
+            engine_config(config, model, dp_rank), model.corpus, encode=model.encode, stats=stats
+        )
         self.stats: EngineStats = self.engine.stats
+        self._changed = asyncio.Event()
+        """A request came or went: a loop waiting for a pull looks again."""
+        self._pin_timer: asyncio.TimerHandle | None = None
 
     async def start(self) -> EngineFacts:
         return EngineFacts(
@@ -48,10 +74,13 @@ class SimulatedEngine:
             kv_blocks=self._config.num_gpu_blocks_override,
             max_num_seqs=self._config.max_num_seqs,
             context_length=self._model.context_length,
+            kv_pin_timeout_s=self._config.kv_pin_timeout_s,
         )
 
     async def stop(self) -> None:
-        return None
+        if self._pin_timer is not None:
+            self._pin_timer.cancel()
+            self._pin_timer = None
 
     @property
     def has_work(self) -> bool:
@@ -72,10 +101,19 @@ class SimulatedEngine:
             hash_seed=request.hash_seed,
             lora_name=request.lora_name,
             resumed_tokens=request.resumed_tokens,
+            phase=request.phase,
+            kv_transfer=request.kv_transfer_params,
         )
+        self._changed.set()
 
     def cancel(self, request_id: str) -> Emission | None:
-        return self.engine.cancel(request_id)
+        emission = self.engine.cancel(request_id)
+        if emission is not None:
+            self._changed.set()
+        return emission
+
+    def release_kv(self, request_id: str) -> bool:
+        return self.engine.release_pin(request_id)
 
     def cancel_all(self) -> list[Emission]:
         return self.engine.cancel_all()
@@ -105,7 +143,18 @@ class SimulatedEngine:
             now=clock(),
         )
         while engine.has_work:
+            if engine.pulls.pending and not engine.is_stepping:
+                if await self._await_pull():
+                    continue  # something changed: look again
+                pacer = Pacer(  # waiting for a pull is not timing debt
+                    speedup_ratio=self._config.speedup_ratio,
+                    emit_after_prefill=self._config.dynamo_step_timing,
+                    now=clock(),
+                )
             out = engine.step()
+            if out.pulled:
+                for request_id, blocks in out.pulled:
+                    await sink.kv_pulled(request_id, blocks)
             sink.collect()
             if pacer.is_sleeping:
                 now = clock()
@@ -128,3 +177,34 @@ class SimulatedEngine:
                 await asyncio.sleep(0)  # let generate/cancel handlers run
                 pacer.flushed(clock())
         await sink.flush()
+        self._arm_pin_timer()
+
+    async def _await_pull(self) -> bool:
+        """Only pulls in flight: sleep until the next lands; True if a request came or went
+        first (or the pull is gone), False when the pull is due (a step lands it)."""
+        next_at = self.engine.next_pull_at()
+        if next_at is None:
+            return True
+        delay = next_at - self.engine.now()
+        if delay <= 0:
+            return False
+        self._changed.clear()
+        try:
+            await asyncio.wait_for(self._changed.wait(), delay)
+        except TimeoutError:
+            return False
+        return True
+
+    def _arm_pin_timer(self) -> None:
+        """Free pins as they time out while the engine is idle (a step frees them otherwise)."""
+        expiry = self.engine.pins.next_expiry
+        if self._pin_timer is not None or expiry is None:
+            return
+        delay = max(0.0, expiry - self.engine.now()) + 0.001
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing to time
+            self._pin_timer = asyncio.get_running_loop().call_later(delay, self._on_pin_timer)
+
+    def _on_pin_timer(self) -> None:
+        self._pin_timer = None
+        self.engine.expire_pins()
+        self._arm_pin_timer()

@@ -9,7 +9,19 @@ stops the request. The prompt is a ``TokensPrompt`` (``vllm/inputs/data.py``: a 
 ``prompt_token_ids`` and an optional ``cache_salt``), so vLLM never tokenizes.
 
 KV events come from vLLM's ZMQ publisher through ``KvEventSubscriber`` and ``KvRelay`` into
-``self.kv_events``. Load comes from vLLM's scheduler stats when the handle has them.
+``self.kv_events``, one feed per data-parallel rank (``kv_feeds``). Load comes from vLLM's
+scheduler stats when the handle has them.
+
+Data parallelism: with ``dp_size`` > 1 each request goes to its rank,
+``generate(..., data_parallel_rank=EngineInput.dp_rank)`` (``AsyncLLM.generate``, read at commit
+00080ee13c7a451fce071ccb8d0e94d395acf5a7; vLLM refuses a rank out of range, and so does
+``check``). Disaggregated serving: a prefill or decode phase carries vLLM's proxy's
+``kv_transfer_params`` in ``SamplingParams.extra_args`` (``sampling``); a prefill's last
+``RequestOutput.kv_transfer_params`` (``vllm/outputs.py``: on the finished output, from the KV
+connector's ``request_finished``; None when the prefill did not end at its token limit, e.g. on
+EOS) becomes its last ``Emission.kv_transfer_params``. The KV connector frees a prefill's blocks
+itself (NIXL: when the decode side has read them, else after ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``),
+so ``release_kv`` keeps ``StreamingEngine``'s answer: nothing pinned here.
 """
 
 from __future__ import annotations
@@ -21,6 +33,8 @@ from typing import Any, Protocol
 
 import structlog
 
+from services.vllm_worker.kv_endpoints import KvSource
+from services.vllm_worker.kv_feeds import KvFeeds
 from services.vllm_worker.kv_relay import KvRelay
 from services.vllm_worker.outputs import ChoiceDelta, DeltaTracker, logprobs_from_engine
 from services.vllm_worker.sampling import cache_salt, engine_kwargs
@@ -70,13 +84,21 @@ class RequestOutputLike(Protocol):
     def finished(self) -> bool: ...
     @property
     def num_cached_tokens(self) -> int | None: ...
+    @property
+    def kv_transfer_params(self) -> dict[str, Any] | list[dict[str, Any]] | None: ...
 
 
 class AsyncLLMLike(Protocol):
     """The part of ``vllm.v1.engine.async_llm.AsyncLLM`` the worker drives."""
 
     def generate(
-        self, prompt: Any, sampling_params: Any, request_id: str, *, lora_request: Any = None
+        self,
+        prompt: Any,
+        sampling_params: Any,
+        request_id: str,
+        *,
+        lora_request: Any = None,
+        data_parallel_rank: int | None = None,
     ) -> AsyncIterator[RequestOutputLike]: ...
 
     async def abort(self, request_id: str | Iterable[str]) -> None: ...
@@ -92,10 +114,10 @@ class VllmHandle:
     """``sampling.engine_kwargs`` → a ``vllm.SamplingParams`` (may raise ``ValueError``)."""
     make_lora: Callable[[str], Any] | None = None
     """A LoRA name → a ``LoRARequest`` (None: the engine serves no adapters)."""
-    kv_endpoint: str | None = None
-    """The ZMQ PUB endpoint vLLM publishes KV events on (None: no KV events)."""
-    kv_replay_endpoint: str | None = None
-    kv_topic: str = ""
+    kv_sources: tuple[KvSource, ...] = ()
+    """Where each data-parallel rank publishes KV events (empty: no KV events)."""
+    dp_size: int = 1
+    """Data-parallel ranks of the engine (``AsyncEngineArgs.data_parallel_size``)."""
     scheduler: SchedulerSnapshot | None = None
     """Filled by the engine's stat logger, if it has one."""
     shutdown: Callable[[], Awaitable[None]] | None = None
@@ -122,8 +144,21 @@ def deltas(output: RequestOutputLike, logprobs: int | None) -> list[ChoiceDelta]
     return out
 
 
-def check_request(request: EngineInput, context_length: int) -> None:
+def transfer_params(output: RequestOutputLike) -> dict[str, Any] | None:
+    """A ``RequestOutput``'s ``kv_transfer_params`` (a list of one with vLLM's per-choice
+    params, one choice being all a disaggregated phase runs)."""
+    params = getattr(output, "kv_transfer_params", None)
+    if isinstance(params, list):
+        params = params[0] if len(params) == 1 else None
+    return dict(params) if isinstance(params, dict) and params else None
+
+
+def check_request(request: EngineInput, context_length: int, dp_size: int = 1) -> None:
     """What neither vLLM engine can ever run (``EngineError``); ``context_length`` 0 = unknown."""
+    if not 0 <= request.dp_rank < dp_size:
+        raise EngineError(
+            f"data-parallel rank {request.dp_rank} is out of range: the engine has {dp_size}"
+        )
     if context_length and len(request.token_ids) >= context_length:
         raise EngineError(
             f"the prompt has {len(request.token_ids)} tokens; the model's context is "
@@ -145,8 +180,7 @@ class VllmEngine(StreamingEngine):
         self._load = load
         self._handle: VllmHandle | None = None
         self._facts: EngineFacts | None = None
-        self.relay: KvRelay | None = None
-        self.subscriber: KvEventSubscriber | None = None
+        self.feeds: KvFeeds | None = None
 
     @property
     def handle(self) -> VllmHandle:
@@ -161,42 +195,54 @@ class VllmEngine(StreamingEngine):
             return self._facts
         handle = self._handle = await self._load()
         facts = handle.facts
-        if handle.kv_endpoint is not None:
-            self.relay = KvRelay(block_size=facts.block_size)
-            self.subscriber = KvEventSubscriber(
-                self.relay,
-                handle.kv_endpoint,
-                self._on_kv_events,
-                replay_endpoint=handle.kv_replay_endpoint,
-                topic=handle.kv_topic,
+        if handle.kv_sources:
+            self.feeds = KvFeeds(
+                handle.kv_sources, block_size=facts.block_size, on_events=self._on_kv_events
             )
-            await self.subscriber.start()
+            await self.feeds.start()
         else:
             facts = dataclasses.replace(facts, kv_events=False)
-        log.info("vllm_engine_started", block_size=facts.block_size, kv_blocks=facts.kv_blocks)
+        log.info(
+            "vllm_engine_started",
+            block_size=facts.block_size,
+            kv_blocks=facts.kv_blocks,
+            dp_size=handle.dp_size,
+        )
         self._facts = facts
         return facts
+
+    @property
+    def relay(self) -> KvRelay | None:
+        """Rank 0's relay (None without KV events)."""
+        return self.feeds.relays[0] if self.feeds is not None else None
+
+    @property
+    def subscriber(self) -> KvEventSubscriber | None:
+        """Rank 0's subscriber (None without KV events)."""
+        return self.feeds.subscribers[0] if self.feeds is not None else None
 
     def _on_kv_events(self, events: list[AnyKvEvent]) -> None:
         self.add_kv_events(events)
 
     async def stop(self) -> None:
         await super().stop()
-        if self.subscriber is not None:
-            await self.subscriber.stop()
-            self.subscriber = None
+        if self.feeds is not None:
+            await self.feeds.stop()  # the relays still name what vLLM last reported
         if self._handle is not None and self._handle.shutdown is not None:
             await self._handle.shutdown()
 
     def check(self, request: EngineInput) -> None:
-        check_request(request, self.handle.facts.context_length)
-        engine_kwargs(request.sampling)  # raises EngineError for what vLLM cannot do
-        if request.lora_name and self.handle.make_lora is None:
+        handle = self.handle
+        check_request(request, handle.facts.context_length, handle.dp_size)
+        # raises EngineError for what vLLM cannot do
+        engine_kwargs(request.sampling, phase=request.phase, kv_transfer=request.kv_transfer_params)
+        if request.lora_name and handle.make_lora is None:
             raise EngineError(f"LoRA adapter {request.lora_name!r} is not served by this worker")
 
     def kv_dump(self, *, with_tokens: bool) -> list[BlockStored]:
-        """The blocks vLLM reported and has not evicted (none without KV events)."""
-        return self.relay.dump(with_tokens=with_tokens) if self.relay is not None else []
+        """The blocks vLLM reported and has not evicted, every rank's (none without KV
+        events)."""
+        return self.feeds.dump(with_tokens=with_tokens) if self.feeds is not None else []
 
     def kv_usage(self) -> tuple[int, int]:
         total = self.handle.facts.kv_blocks if self._handle is not None else 0
@@ -228,8 +274,11 @@ class VllmEngine(StreamingEngine):
     async def stream(self, request: EngineInput) -> AsyncIterator[Emission]:
         handle = self.handle
         sampling = request.sampling
+        kwargs = engine_kwargs(
+            sampling, phase=request.phase, kv_transfer=request.kv_transfer_params
+        )
         try:
-            params = handle.make_sampling_params(engine_kwargs(sampling))
+            params = handle.make_sampling_params(kwargs)
         except EngineError:
             raise
         except (ValueError, TypeError) as exc:  # vLLM's own validation
@@ -238,8 +287,8 @@ class VllmEngine(StreamingEngine):
         salt = cache_salt(request.hash_seed, salted_seed(lora_name=request.lora_name))
         if salt is not None:
             prompt["cache_salt"] = salt
-        if self.relay is not None:
-            self.relay.hint(request.token_ids, request.lora_name, request.hash_seed)
+        if self.feeds is not None:
+            self.feeds.hint(request)
         lora = None
         if request.lora_name:
             if handle.make_lora is None:
@@ -251,14 +300,24 @@ class VllmEngine(StreamingEngine):
             prompt_tokens=len(request.token_ids),
             resumed_tokens=request.resumed_tokens,
         )
-        outputs = handle.client.generate(prompt, params, request.request_id, lora_request=lora)
+        extra: dict[str, Any] = {}
+        if handle.dp_size > 1:
+            extra["data_parallel_rank"] = request.dp_rank
+        outputs = handle.client.generate(
+            prompt, params, request.request_id, lora_request=lora, **extra
+        )
+        prefilled: dict[str, Any] | None = None
         try:
             async for output in outputs:
+                if request.phase == "prefill":
+                    prefilled = transfer_params(output) or prefilled
                 for emission in tracker.emissions(
                     deltas(output, sampling.logprobs),
                     finished=output.finished,
                     cached_tokens=output.num_cached_tokens or 0,
                 ):
+                    if emission.done and prefilled is not None:
+                        emission = dataclasses.replace(emission, kv_transfer_params=prefilled)
                     yield emission
                 if tracker.done:
                     return

@@ -16,6 +16,10 @@ blocks of another medium than the GPU (CPU offload tiers) or of another KV cache
 ``group`` (hybrid models), and a stored run whose parent the relay does not know (it cannot be
 hashed; its children are then unknown too).
 
+Data parallelism: each of vLLM's data-parallel ranks is an engine core with its own cache, its
+own publisher and its own hashes, so a relay follows one rank; every event it reports carries that
+rank (``KvEvent.dp_rank``), the ``data_parallel_rank`` of vLLM's batch when the batch names one.
+
 Sequence numbers: vLLM numbers batches from 0 per publisher. ``check`` says whether a batch is
 the next one, an old one (already applied, skip), or past a gap (ask the publisher's replay
 socket from the first missing number). A gap that replay cannot fill ends in ``lost``: the
@@ -69,9 +73,11 @@ class _Known:
 class KvRelay:
     """One engine's KV events, renamed to JetServe hashes (see the module docstring)."""
 
-    def __init__(self, *, block_size: int, group: int = 0) -> None:
+    def __init__(self, *, block_size: int, group: int = 0, dp_rank: int = 0) -> None:
         self.block_size = block_size
         self.group = group
+        self.dp_rank = dp_rank
+        """The data-parallel rank whose cache this is (what its batches last said)."""
         self.next_seq = 0
         """The sequence number the next batch should carry."""
         self.dropped_blocks = 0
@@ -98,7 +104,7 @@ class KvRelay:
         ``AllBlocksCleared`` and go on from ``resume_seq``."""
         self._known.clear()
         self.next_seq = resume_seq
-        return [AllBlocksCleared()]
+        return [AllBlocksCleared(dp_rank=self.dp_rank)]
 
     def apply(self, seq: int, batch: VllmEventBatch) -> list[AnyKvEvent]:
         """Relay batch ``seq`` (call only when ``check(seq)`` is True) and expect ``seq + 1``."""
@@ -137,12 +143,14 @@ class KvRelay:
         """Every block the relay can name, as ``BlockStored`` events (a router's resync):
         parents before children, an unbranched run in one event; a block whose parent is gone
         starts a run that names it."""
-        return _dump(list(self._known.values()), self.block_size, with_tokens)
+        return _dump(list(self._known.values()), self.block_size, with_tokens, self.dp_rank)
 
     # --- events ----------------------------------------------------------------------------------
 
     def relay(self, batch: VllmEventBatch) -> list[AnyKvEvent]:
         """JetServe events for one batch, in order (no sequence check)."""
+        if batch.data_parallel_rank is not None:
+            self.dp_rank = batch.data_parallel_rank
         out: list[AnyKvEvent] = []
         for event in batch.events:
             if isinstance(event, VllmBlockStored):
@@ -155,7 +163,7 @@ class KvRelay:
                     out.append(removed)
             elif isinstance(event, VllmAllBlocksCleared):
                 self._known.clear()
-                out.append(AllBlocksCleared())
+                out.append(AllBlocksCleared(dp_rank=self.dp_rank))
         return out
 
     def _ours(self, medium: str | None, group: int | None) -> bool:
@@ -199,6 +207,7 @@ class KvRelay:
             token_ids=tuple(event.token_ids[: full * bs]),
             block_size=bs,
             lora_name=lora,
+            dp_rank=self.dp_rank,
         )
 
     def _removed(self, event: VllmBlockRemoved) -> BlockRemoved | None:
@@ -209,10 +218,12 @@ class KvRelay:
             known = self._known.pop(h, None)
             if known is not None:
                 hashes.append(known.jet_hash)
-        return BlockRemoved(block_hashes=tuple(hashes)) if hashes else None
+        return BlockRemoved(block_hashes=tuple(hashes), dp_rank=self.dp_rank) if hashes else None
 
 
-def _dump(blocks: list[_Known], block_size: int, with_tokens: bool) -> list[BlockStored]:
+def _dump(
+    blocks: list[_Known], block_size: int, with_tokens: bool, dp_rank: int
+) -> list[BlockStored]:
     """Blocks as ``BlockStored`` events, parents first, each unbranched run in one event."""
     present = {b.jet_hash for b in blocks}
     children: dict[int | None, list[_Known]] = {}
@@ -233,6 +244,7 @@ def _dump(blocks: list[_Known], block_size: int, with_tokens: bool) -> list[Bloc
                 token_ids=tuple(t for b in run for t in b.tokens) if with_tokens else (),
                 block_size=block_size,
                 lora_name=run[0].lora_name,
+                dp_rank=dp_rank,
             )
         )
     return out

@@ -12,6 +12,13 @@ are read from its ``vllm_config`` once it has loaded.
 
 Like ``vllm serve``, the engine is built on the event loop (vLLM's client sockets belong to
 it); a worker is not registered while its engine loads.
+
+Disaggregated serving and data parallelism go to the engine arguments as ``vllm serve`` takes
+them: ``kv_transfer_config`` (``vllm/config/kv_transfer.py`` ``KVTransferConfig``, from
+``--kv-transfer-config``) and ``data_parallel_size`` (one ``AsyncLLM`` fronting every rank, its
+internal load balancer bypassed per request by ``generate(data_parallel_rank=...)``). With more
+than one rank the KV events use loopback TCP ports instead of IPC sockets: vLLM moves each rank's
+endpoints by the rank (``kv_endpoints.offset_endpoint``), which it cannot do to an ``ipc://`` path.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from typing import Any
 
 import structlog
 from vllm import SamplingParams
-from vllm.config import KVEventsConfig
+from vllm.config import KVEventsConfig, KVTransferConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -31,6 +38,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 from services.vllm_worker.config import VllmWorkerConfig
 from services.vllm_worker.engine import VllmHandle
+from services.vllm_worker.kv_endpoints import KvSource, loopback_sources
 from services.vllm_worker.stats import SchedulerSnapshot
 from shared.worker.records import EngineFacts
 
@@ -76,6 +84,7 @@ def _snapshot_logger(snapshot: SchedulerSnapshot) -> Any:
                 running=int(scheduler_stats.num_running_reqs),
                 waiting=int(scheduler_stats.num_waiting_reqs),
                 kv_usage=float(usage),
+                engine=engine_idx,
             )
 
         def log_engine_initialized(self) -> None:
@@ -88,8 +97,14 @@ async def load_vllm(config: VllmWorkerConfig, worker_id: str) -> VllmHandle:
     """Load the model and start the engine (minutes on a GPU)."""
     model = config.vllm_model or str(config.resolved_model_dir())
     sockets = Path(tempfile.mkdtemp(prefix="jetserve-vllm-"))
-    endpoint = f"ipc://{sockets}/kv.sock"
-    replay = f"ipc://{sockets}/kv-replay.sock"
+    dp_size = config.data_parallel_size
+    if dp_size > 1:
+        endpoint, replay, sources = loopback_sources(dp_size, KV_TOPIC)
+    else:
+        endpoint = f"ipc://{sockets}/kv.sock"
+        replay = f"ipc://{sockets}/kv-replay.sock"
+        sources = (KvSource(endpoint=endpoint, replay_endpoint=replay, topic=KV_TOPIC),)
+    kv_transfer = config.kv_transfer()
     snapshot = SchedulerSnapshot()
     args = AsyncEngineArgs(
         model=model,
@@ -100,6 +115,8 @@ async def load_vllm(config: VllmWorkerConfig, worker_id: str) -> VllmHandle:
         gpu_memory_utilization=config.gpu_memory_utilization,
         max_model_len=config.max_model_len or None,
         tensor_parallel_size=config.tensor_parallel_size,
+        data_parallel_size=dp_size,
+        kv_transfer_config=KVTransferConfig(**kv_transfer) if kv_transfer is not None else None,
         dtype=config.dtype,
         enforce_eager=config.enforce_eager,
         kv_events_config=KVEventsConfig(
@@ -110,7 +127,14 @@ async def load_vllm(config: VllmWorkerConfig, worker_id: str) -> VllmHandle:
             topic=KV_TOPIC,
         ),
     )
-    log.info("vllm_loading", worker_id=worker_id, model=model)
+    log.info(
+        "vllm_loading",
+        worker_id=worker_id,
+        model=model,
+        role=config.role,
+        dp_size=dp_size,
+        kv_connector=kv_transfer.get("kv_connector") if kv_transfer is not None else None,
+    )
     engine = AsyncLLM.from_engine_args(args, stat_loggers=[_snapshot_logger(snapshot)])
     vllm_config = engine.vllm_config
     block_size = int(vllm_config.cache_config.block_size)
@@ -122,6 +146,7 @@ async def load_vllm(config: VllmWorkerConfig, worker_id: str) -> VllmHandle:
         kv_blocks=int(vllm_config.cache_config.num_gpu_blocks or 0),
         max_num_seqs=int(vllm_config.scheduler_config.max_num_seqs),
         context_length=int(vllm_config.model_config.max_model_len),
+        kv_pin_timeout_s=config.kv_pin_timeout_s(),
     )
 
     async def shutdown() -> None:
@@ -132,9 +157,8 @@ async def load_vllm(config: VllmWorkerConfig, worker_id: str) -> VllmHandle:
         client=engine,
         facts=facts,
         make_sampling_params=make_sampling_params,
-        kv_endpoint=endpoint,
-        kv_replay_endpoint=replay,
-        kv_topic=KV_TOPIC,
+        kv_sources=sources,
+        dp_size=dp_size,
         scheduler=snapshot,
         shutdown=shutdown,
     )

@@ -11,22 +11,37 @@ vLLM aborts a request whose client went away. Facts come from ``GET /v1/models``
 (``max_model_len``) and ``GET /metrics`` (``vllm:cache_config_info``: block size, GPU blocks),
 else the worker's settings; load from ``GET /metrics`` when ``metrics_interval_s`` > 0. KV
 events, when ``kv_events_endpoint`` is set, come from the server's ZMQ publisher
-(``--kv-events-config``) through the same relay as in-process.
+(``--kv-events-config``) through the same relay as in-process, one feed per data-parallel rank.
+
+Data parallelism (``dp_size`` > 1, the server's ``--data-parallel-size``): each request names its
+rank in the ``X-data-parallel-rank`` header, which ``vllm serve`` passes to
+``generate(data_parallel_rank=...)`` (``OpenAIServing._get_data_parallel_rank``), and rank r's KV
+events come from the configured endpoints moved by r (``kv_endpoints``). Disaggregated serving
+(the server started with ``--kv-transfer-config``) is what vLLM's proxy does over this same API
+(``sampling``): a prefill is one non-streamed request with ``max_tokens`` 1 and the proxy's
+``kv_transfer_params``, whose response's ``kv_transfer_params`` (``CompletionResponse``, set from
+the final ``RequestOutput`` by ``request_output_to_completion_response`` in
+``vllm/entrypoints/openai/completion/serving.py``, read at commit
+030ea52effcb05071543c8c42b8f0145e94cee43) end the phase; a decode is the usual stream with the
+prefill's ``kv_transfer_params`` in its body.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import structlog
 
 from services.vllm_worker.engine import check_request
+from services.vllm_worker.kv_endpoints import rank_sources
+from services.vllm_worker.kv_feeds import KvFeeds
 from services.vllm_worker.kv_relay import KvRelay
 from services.vllm_worker.outputs import ChoiceDelta, DeltaTracker, logprobs_from_http
 from services.vllm_worker.sampling import cache_salt, completions_body
@@ -39,7 +54,14 @@ from shared.worker.streaming import StreamingEngine
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["RemoteOptions", "RemoteVllmEngine", "chunk_deltas", "sse_data"]
+__all__ = [
+    "DP_RANK_HEADER",
+    "RemoteOptions",
+    "RemoteVllmEngine",
+    "cached_tokens",
+    "chunk_deltas",
+    "sse_data",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +83,12 @@ class RemoteOptions:
     startup_timeout_s: float = 0.0
     """Wait this long for a server that is still loading (refusing connections, or 503)."""
     api_key: str | None = None
+    dp_size: int = 1
+    """The server's ``--data-parallel-size``."""
+
+
+DP_RANK_HEADER = "X-data-parallel-rank"
+"""The header ``vllm serve`` reads a request's data-parallel rank from."""
 
 
 def sse_data(line: str) -> str | None:
@@ -96,6 +124,13 @@ def chunk_deltas(chunk: dict[str, Any], logprobs: int | None) -> list[ChoiceDelt
     return out
 
 
+def cached_tokens(body: dict[str, Any]) -> int:
+    """``usage.prompt_tokens_details.cached_tokens`` (0 when the server does not say)."""
+    usage = body.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    return int(details.get("cached_tokens") or 0)
+
+
 def _error_message(body: bytes) -> str:
     try:
         parsed = json.loads(body)
@@ -127,8 +162,7 @@ class RemoteVllmEngine(StreamingEngine):
         self.model = options.model
         self.facts: EngineFacts | None = None
         self.scheduler = SchedulerSnapshot()
-        self.relay: KvRelay | None = None
-        self.subscriber: KvEventSubscriber | None = None
+        self.feeds: KvFeeds | None = None
         self._poller: asyncio.Task[None] | None = None
 
     async def start(self) -> EngineFacts:
@@ -165,15 +199,14 @@ class RemoteVllmEngine(StreamingEngine):
             kv_events=kv_events,
         )
         if options.kv_events_endpoint is not None:
-            self.relay = KvRelay(block_size=block_size)
-            self.subscriber = KvEventSubscriber(
-                self.relay,
+            sources = rank_sources(
                 options.kv_events_endpoint,
-                self._on_kv_events,
-                replay_endpoint=options.kv_replay_endpoint,
-                topic=options.kv_topic,
+                options.kv_replay_endpoint,
+                options.kv_topic,
+                options.dp_size,
             )
-            await self.subscriber.start()
+            self.feeds = KvFeeds(sources, block_size=block_size, on_events=self._on_kv_events)
+            await self.feeds.start()
         if options.metrics_interval_s > 0:
             self._poller = asyncio.create_task(self._poll_metrics(), name="vllm-remote-metrics")
         log.info("vllm_remote_connected", url=options.engine_url, model=self.model)
@@ -204,6 +237,16 @@ class RemoteVllmEngine(StreamingEngine):
             return None
         return parse_cache_config(response.text) if response.status_code == 200 else None
 
+    @property
+    def relay(self) -> KvRelay | None:
+        """Rank 0's relay (None without KV events)."""
+        return self.feeds.relays[0] if self.feeds is not None else None
+
+    @property
+    def subscriber(self) -> KvEventSubscriber | None:
+        """Rank 0's subscriber (None without KV events)."""
+        return self.feeds.subscribers[0] if self.feeds is not None else None
+
     def _on_kv_events(self, events: list[AnyKvEvent]) -> None:
         self.add_kv_events(events)
 
@@ -226,18 +269,26 @@ class RemoteVllmEngine(StreamingEngine):
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
-        if self.subscriber is not None:
-            await self.subscriber.stop()
+        if self.feeds is not None:
+            await self.feeds.stop()
         if self._own_client:
             await self._client.aclose()
 
     def check(self, request: EngineInput) -> None:
-        check_request(request, self.facts.context_length if self.facts is not None else 0)
-        completions_body(request.token_ids, request.sampling, model=self.model)
+        context_length = self.facts.context_length if self.facts is not None else 0
+        check_request(request, context_length, self.options.dp_size)
+        completions_body(
+            request.token_ids,
+            request.sampling,
+            model=self.model,
+            phase=request.phase,
+            kv_transfer=request.kv_transfer_params,
+        )
 
     def kv_dump(self, *, with_tokens: bool) -> list[BlockStored]:
-        """The blocks vLLM reported and has not evicted (none without KV events)."""
-        return self.relay.dump(with_tokens=with_tokens) if self.relay is not None else []
+        """The blocks vLLM reported and has not evicted, every rank's (none without KV
+        events)."""
+        return self.feeds.dump(with_tokens=with_tokens) if self.feeds is not None else []
 
     def kv_usage(self) -> tuple[int, int]:
         total = self.facts.kv_blocks if self.facts is not None else self.options.kv_blocks
@@ -264,9 +315,16 @@ class RemoteVllmEngine(StreamingEngine):
         sampling = request.sampling
         salt = cache_salt(request.hash_seed, salted_seed(lora_name=request.lora_name))
         model = request.lora_name or self.model  # vLLM serves a LoRA under its own name
-        body = completions_body(request.token_ids, sampling, model=model, salt=salt)
-        if self.relay is not None:
-            self.relay.hint(request.token_ids, request.lora_name, request.hash_seed)
+        body = completions_body(
+            request.token_ids,
+            sampling,
+            model=model,
+            salt=salt,
+            phase=request.phase,
+            kv_transfer=request.kv_transfer_params,
+        )
+        if self.feeds is not None:
+            self.feeds.hint(request)
         tracker = DeltaTracker(
             request.request_id,
             n=sampling.n,
@@ -274,14 +332,17 @@ class RemoteVllmEngine(StreamingEngine):
             resumed_tokens=request.resumed_tokens,
         )
         headers = {"X-Request-Id": request.request_id}
+        if self.options.dp_size > 1:
+            headers[DP_RANK_HEADER] = str(request.dp_rank)
+        if request.phase == "prefill":
+            for emission in await self._prefill(body, headers, tracker, sampling.logprobs):
+                yield emission
+            return
         async with self._client.stream(
             "POST", "/v1/completions", json=body, headers=headers
         ) as response:
             if response.status_code != 200:
-                message = _error_message(await response.aread())
-                if 400 <= response.status_code < 500:
-                    raise EngineError(message)
-                raise RuntimeError(f"vllm serve answered {response.status_code}: {message}")
+                _raise_for(response.status_code, await response.aread())
             async for line in response.aiter_lines():
                 data = sse_data(line)
                 if data is None or not data:
@@ -296,3 +357,32 @@ class RemoteVllmEngine(StreamingEngine):
                 if tracker.done:
                     return
         raise RuntimeError("vllm serve ended the stream before the request finished")
+
+    async def _prefill(
+        self,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        tracker: DeltaTracker,
+        logprobs: int | None,
+    ) -> list[Emission]:
+        """A prefill phase: one whole response, its ``kv_transfer_params`` on the last emission
+        (none when the server's connector returned none, e.g. a prefill ended by EOS)."""
+        response = await self._client.post("/v1/completions", json=body, headers=headers)
+        if response.status_code != 200:
+            _raise_for(response.status_code, response.content)
+        answer = response.json()
+        emissions = tracker.emissions(
+            chunk_deltas(answer, logprobs), finished=True, cached_tokens=cached_tokens(answer)
+        )
+        params = answer.get("kv_transfer_params")
+        if isinstance(params, dict) and params and emissions:
+            emissions[-1] = dataclasses.replace(emissions[-1], kv_transfer_params=dict(params))
+        return emissions
+
+
+def _raise_for(status: int, body: bytes) -> NoReturn:
+    """A refusal by the server: ``EngineError`` (a 400) for a 4xx, else a ``RuntimeError``."""
+    message = _error_message(body)
+    if 400 <= status < 500:
+        raise EngineError(message)
+    raise RuntimeError(f"vllm serve answered {status}: {message}")

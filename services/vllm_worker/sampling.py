@@ -11,6 +11,20 @@ Two shapes of the same decision:
   with a token-id prompt and ``return_token_ids`` (vLLM's ``CompletionRequest``,
   ``vllm/entrypoints/openai/serving_completion.py`` ``completion_stream_generator``).
 
+Disaggregated serving (``phase``) asks vLLM exactly what its disaggregated serving proxy asks
+(``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py`` ``send_request_to_service`` and
+``_handle_completions``, read at commit 030ea52effcb05071543c8c42b8f0145e94cee43, the proxy of
+``examples/online_serving/disaggregated_serving``'s NIXL setup): the prefill request gets
+``max_tokens`` 1, no ``min_tokens`` ("not supported for P") and ``PREFILL_KV_TRANSFER_PARAMS``;
+the decode request is the original with the prefill's ``kv_transfer_params`` verbatim (none when
+the prefill returned none: the decode instance then prefills itself). Over HTTP they are the
+request's ``kv_transfer_params`` field, and the prefill is not streamed (vLLM returns
+``kv_transfer_params`` on the whole response only); in-process they go where vLLM's OpenAI server
+puts that field, ``SamplingParams.extra_args["kv_transfer_params"]``
+(``CompletionRequest.to_sampling_params``), which its scheduler hands the KV connector as
+``Request.kv_transfer_params``. One choice only (``n`` 1): vLLM fans ``n`` out into child
+requests, each of which would pull (or pin) the same blocks.
+
 What vLLM cannot do as JetServe asks raises ``EngineError`` (a 400) with the reason.
 """
 
@@ -19,14 +33,16 @@ from __future__ import annotations
 from typing import Any
 
 from shared.messages import Guided, SamplingParams
-from shared.worker.records import EngineError
+from shared.worker.records import EngineError, EnginePhase
 
 __all__ = [
     "OUTPUT_KIND_DELTA",
+    "PREFILL_KV_TRANSFER_PARAMS",
     "SALT_PREFIX",
     "cache_salt",
     "completions_body",
     "engine_kwargs",
+    "kv_transfer_params",
     "structured_outputs",
 ]
 
@@ -37,6 +53,32 @@ SALT_PREFIX = "jetserve-seed-"
 """A request's ``cache_salt`` as vLLM sees it: this prefix and the hex of its JetServe hash seed.
 vLLM puts the salt in the first block's extra keys (``BlockStored.extra_keys``), which is how
 ``kv_relay`` tells salted tenants' blocks apart."""
+
+
+PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+"""The ``kv_transfer_params`` of a prefill request, as vLLM's proxy sends them: the KV connector
+keeps the prompt's blocks for a remote decode and returns how to pull them
+(``NixlConnectorScheduler.request_finished``: ``do_remote_prefill``, ``remote_block_ids``,
+``remote_engine_id``, ``remote_request_id``, ``remote_host``, ``remote_port``, ``tp_size``)."""
+
+
+def kv_transfer_params(
+    phase: EnginePhase, prefilled: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The request's ``kv_transfer_params`` in ``phase`` (None: none at all). A copy: vLLM's
+    connector writes into the dict it gets (``do_remote_prefill`` = False once pulled)."""
+    if phase == "prefill":
+        return dict(PREFILL_KV_TRANSFER_PARAMS)
+    if phase == "decode" and prefilled:
+        return dict(prefilled)
+    return None
 
 
 def cache_salt(hash_seed: int, default_seed: int) -> str | None:
@@ -75,9 +117,14 @@ def structured_outputs(guided: Guided | None) -> dict[str, Any] | None:
     return None
 
 
-def _check(sampling: SamplingParams) -> None:
+def _check(sampling: SamplingParams, phase: EnginePhase = "both") -> None:
     if sampling.n < 1:
         raise EngineError("n must be at least 1")
+    if phase != "both" and sampling.n > 1:
+        raise EngineError(
+            f"n > 1 cannot run disaggregated on vLLM ({phase} phase): vLLM runs each choice as "
+            "its own request, and each would pull the same prefilled blocks"
+        )
     if sampling.max_tokens < 1:
         raise EngineError("max_tokens must be at least 1")
     if sampling.logprobs is not None and sampling.logprobs < 0:
@@ -108,10 +155,28 @@ def _common(sampling: SamplingParams) -> dict[str, Any]:
     return out
 
 
-def engine_kwargs(sampling: SamplingParams) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.SamplingParams`` (see the module docstring)."""
-    _check(sampling)
+def _prefill_only(out: dict[str, Any], phase: EnginePhase) -> None:
+    """A prefill request computes the prompt and one token (the proxy's ``max_tokens`` 1; its
+    ``min_tokens`` is dropped, as the proxy drops it)."""
+    if phase == "prefill":
+        out["max_tokens"] = 1
+        out.pop("min_tokens", None)
+
+
+def engine_kwargs(
+    sampling: SamplingParams,
+    *,
+    phase: EnginePhase = "both",
+    kv_transfer: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.SamplingParams`` (see the module docstring); ``kv_transfer``:
+    a decode phase's ``EngineInput.kv_transfer_params``."""
+    _check(sampling, phase)
     out = _common(sampling)
+    _prefill_only(out, phase)
+    params = kv_transfer_params(phase, kv_transfer)
+    if params is not None:
+        out["extra_args"] = {"kv_transfer_params": params}
     if sampling.logit_bias:
         out["logit_bias"] = {int(k): float(v) for k, v in sampling.logit_bias.items()}
     structured = structured_outputs(sampling.guided)
@@ -129,8 +194,11 @@ def completions_body(
     *,
     model: str,
     salt: str | None = None,
+    phase: EnginePhase = "both",
+    kv_transfer: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON body of a streaming token-in/token-out ``/v1/completions`` request.
+    """The JSON body of a streaming token-in/token-out ``/v1/completions`` request (a prefill
+    phase's is not streamed: see the module docstring).
 
     ``return_token_ids`` puts each delta's ids in ``choices[i].token_ids``;
     ``return_tokens_as_token_ids`` names log-probability alternatives ``token_id:<id>``;
@@ -138,7 +206,7 @@ def completions_body(
     (``prompt_tokens_details.cached_tokens`` when the server runs with
     ``--enable-prompt-tokens-details``).
     """
-    _check(sampling)
+    _check(sampling, phase)
     body: dict[str, Any] = {
         "model": model,
         "prompt": list(token_ids),
@@ -158,4 +226,11 @@ def completions_body(
         body["structured_outputs"] = structured
     if salt is not None:
         body["cache_salt"] = salt
+    _prefill_only(body, phase)
+    if phase == "prefill":
+        body["stream"] = False  # kv_transfer_params come back on a whole response only
+        del body["stream_options"]  # vLLM refuses stream_options without stream
+    params = kv_transfer_params(phase, kv_transfer)
+    if params is not None:
+        body["kv_transfer_params"] = params
     return body

@@ -42,6 +42,7 @@ def engine_factory(config: VllmWorkerConfig) -> EngineFactory:
                     metrics_interval_s=config.metrics_interval_s,
                     startup_timeout_s=config.engine_startup_timeout_s,
                     api_key=config.engine_api_key or None,
+                    dp_size=config.data_parallel_size,
                 )
             )
 

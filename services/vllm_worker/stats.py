@@ -13,7 +13,7 @@ polls ``GET /metrics`` for the same three gauges (``vllm:num_requests_running``,
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["SchedulerSnapshot", "parse_cache_config", "parse_prometheus"]
 
@@ -27,18 +27,23 @@ _USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 
 @dataclass(slots=True)
 class SchedulerSnapshot:
-    """The engine's last scheduler stats (``seen`` False until the first arrive)."""
+    """The engine's last scheduler stats (``seen`` False until the first arrive): with
+    data-parallel ranks (one vLLM engine core each, ``engine``), their sums and mean usage."""
 
     running: int = 0
     waiting: int = 0
     kv_usage: float = 0.0
     """Fraction of the KV cache in use, 0..1."""
     seen: bool = False
+    engines: dict[int, tuple[int, int, float]] = field(default_factory=dict)
+    """Each engine core's last ``(running, waiting, kv_usage)``."""
 
-    def update(self, *, running: int, waiting: int, kv_usage: float) -> None:
-        self.running = max(0, running)
-        self.waiting = max(0, waiting)
-        self.kv_usage = min(1.0, max(0.0, kv_usage))
+    def update(self, *, running: int, waiting: int, kv_usage: float, engine: int = 0) -> None:
+        self.engines[engine] = (max(0, running), max(0, waiting), min(1.0, max(0.0, kv_usage)))
+        values = self.engines.values()
+        self.running = sum(v[0] for v in values)
+        self.waiting = sum(v[1] for v in values)
+        self.kv_usage = sum(v[2] for v in values) / len(self.engines)
         self.seen = True
 
     def used_blocks(self, total: int) -> int:

@@ -14,6 +14,11 @@ b4e69e0af33f4698e157a262cc787fe61983cd3d and 0181ea3173e53eea8cf04a86891488e3dc8
   b"")``: ``_service_replay`` as installed by ``make test-vllm``), and both are read. A batch
   older than the buffer is lost for good (``KvRelay.lost``);
 - a live ``seq`` at or below the last one means the publisher restarted: the relay starts over.
+
+``bind``: the SUB socket binds and the publisher connects. vLLM's publisher binds an endpoint
+with ``*``, ``::``, ``ipc://`` or ``inproc://`` and connects to any other
+(``ZmqEventPublisher._socket_setup``), so a ``tcp://127.0.0.1:port`` endpoint (in-process
+data-parallel ranks: one loopback port per rank, nothing bound on other interfaces) is bound here.
 """
 
 from __future__ import annotations
@@ -59,10 +64,12 @@ class KvEventSubscriber:
         topic: str = "",
         replay_timeout_s: float = 2.0,
         idle_replay_s: float = 1.0,
+        bind: bool = False,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
         self.relay = relay
         self.endpoint = endpoint
+        self.bind = bind
         self.replay_endpoint = replay_endpoint
         self.topic = topic
         self.replay_timeout_s = replay_timeout_s
@@ -80,11 +87,14 @@ class KvEventSubscriber:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Connect and start reading (connecting never waits for the publisher)."""
+        """Connect (or bind) and start reading (never waits for the publisher)."""
         sub = self._context.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
-        sub.connect(self.endpoint)
+        if self.bind:
+            sub.bind(self.endpoint)
+        else:
+            sub.connect(self.endpoint)
         self._sub = sub
         self._task = asyncio.create_task(self._run(), name="vllm-kv-events")
 
@@ -95,7 +105,7 @@ class KvEventSubscriber:
         if self._sub is not None:
             self._sub.close(linger=0)
             self._sub = None
-        if self._own_context:
+        if self._own_context and not self._context.closed:
             self._context.term()
 
     async def _run(self) -> None:

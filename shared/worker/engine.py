@@ -56,6 +56,14 @@ class EmissionSink(Protocol):
         """``collect``, then report the engine's load (rate-limited)."""
         ...
 
+    async def kv_pulled(self, request_id: str, pulled_blocks: int) -> None:
+        """Disaggregated decode: the blocks ``EngineInput.kv_transfer_params`` named are here
+        (``pulled_blocks`` of them moved; the rest were already cached). The runtime tells the
+        prefill worker to unpin them (``KvRelease``), once per request: a request that ends
+        without this call is released when it ends. An engine whose KV connector frees the
+        source itself (vLLM) need not call it."""
+        ...
+
 
 class WorkerEngine(Protocol):
     """One engine instance behind one worker id (one GPU, or one remote engine)."""
@@ -103,6 +111,12 @@ class WorkerEngine(Protocol):
         """Call ``wake`` whenever KV events arrive outside ``run`` (an engine whose events come
         from a feed of their own, such as vLLM's ZMQ publisher, after its last request ended);
         the runtime then takes them. An engine whose events only come from ``run`` ignores it."""
+        ...
+
+    def release_kv(self, request_id: str) -> bool:
+        """Disaggregated prefill: unpin the blocks a prefill phase of ``request_id`` kept for
+        its decode worker (pulled, cancelled); True if there were any. An engine whose KV
+        connector frees them itself (vLLM) returns False."""
         ...
 
     def kv_dump(self, *, with_tokens: bool) -> list[BlockStored]:

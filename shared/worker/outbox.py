@@ -4,11 +4,16 @@ Pure: the service decides *when* to flush (first token and finish at once; other
 step when sleeping, or when yielding to the event loop at speedup 0); this module decides
 *what* each batch holds (index, prompt/cached tokens on the first, finish and stop id on the last,
 one logprob per token). With ``n`` > 1 each choice has its own buffer, index and last batch.
+A request on a data-parallel rank above 0, or the decode phase of a disaggregated one, stamps
+its batches with where it ran (``dp_rank``, ``prefill_worker_id``, ``prefill_dp_rank``); any
+other request's batches are built exactly as before.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import msgspec
 
 from shared.messages import FinishReason, TokenBatch, TokenLogprob
 from shared.worker.records import Emission
@@ -41,6 +46,8 @@ class _Stream:
     attempt: int = 0
     reply_to: str = ""
     """The gateway's subject (``Generate.reply_to``), told if the formatter is gone."""
+    placement: tuple[int, str, int] | None = None
+    """``(dp_rank, prefill_worker_id, prefill_dp_rank)`` for its batches; None: all defaults."""
 
     @property
     def finished(self) -> bool:
@@ -71,11 +78,24 @@ class Outbox:
         attempt: int = 0,
         reply_to: str = "",
         n: int = 1,
+        dp_rank: int = 0,
+        prefill_worker_id: str = "",
+        prefill_dp_rank: int = 0,
     ) -> None:
-        """Start buffering for a request (``n`` choices) whose batches go to ``stream_to``."""
+        """Start buffering for a request (``n`` choices) whose batches go to ``stream_to``;
+        they name the rank that runs it and, disaggregated, the worker that prefilled it."""
         choices = [_Choice() for _ in range(max(1, n))]
+        placement = None
+        if dp_rank or prefill_worker_id:
+            placement = (dp_rank, prefill_worker_id, prefill_dp_rank)
         self._streams[request_id] = _Stream(
-            stream_to, prompt_tokens, cached_tokens, choices, attempt=attempt, reply_to=reply_to
+            stream_to,
+            prompt_tokens,
+            cached_tokens,
+            choices,
+            attempt=attempt,
+            reply_to=reply_to,
+            placement=placement,
         )
 
     def attempt(self, request_id: str) -> int | None:
@@ -148,6 +168,14 @@ class Outbox:
             choice=number,
             logprobs=tuple(choice.logprobs),
         )
+        if stream.placement is not None:
+            dp_rank, prefill_worker_id, prefill_dp_rank = stream.placement
+            batch = msgspec.structs.replace(
+                batch,
+                dp_rank=dp_rank,
+                prefill_worker_id=prefill_worker_id,
+                prefill_dp_rank=prefill_dp_rank,
+            )
         choice.index += len(choice.tokens)
         choice.tokens = []
         choice.logprobs = []

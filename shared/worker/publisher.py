@@ -117,10 +117,17 @@ class WorkerPublisher:
         if len(self.events):
             self._now.set()
 
-    async def phase(self, request_id: str, phase: Literal["prefill_done", "finished"]) -> None:
-        """Publish ``RequestPhase`` (core NATS) so routers move the request's load."""
+    async def phase(
+        self, request_id: str, phase: Literal["prefill_done", "finished"], dp_rank: int = 0
+    ) -> None:
+        """Publish ``RequestPhase`` (core NATS) so routers move the request's load (of the
+        data-parallel rank ``dp_rank``)."""
         message = RequestPhase(
-            request_id=request_id, worker_id=self.worker_id, phase=phase, ts=time.time()
+            request_id=request_id,
+            worker_id=self.worker_id,
+            phase=phase,
+            ts=time.time(),
+            dp_rank=dp_rank,
         )
         await self._nc.publish(self._subjects.lifecycle(self.worker_id), codec.encode(message))
 

@@ -47,6 +47,10 @@ class EngineFacts:
     context_length: int
     kv_events: bool = True
     """False: the engine publishes no KV events (routers should use approximate mode)."""
+    kv_pin_timeout_s: float = 0.0
+    """Disaggregated prefill: how long the engine keeps a prefill's blocks pinned for the
+    decode worker when nobody releases them (``KvTransfer.expires_at`` = now + this; 0: the
+    engine names no timeout, and ``expires_at`` stays 0 = unknown)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

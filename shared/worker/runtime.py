@@ -13,6 +13,14 @@ request. Token batches go out with a bounce subject: a bounce starts a grace
 (``grace.FORMATTER_GRACE_S``) during which the request keeps generating, since its formatter
 may be moving to another NATS node; then the formatter is pinged, and if it does not answer the
 request is cancelled (if still here) and its gateway told (``FormatterLost``).
+
+Disaggregated serving (``shared.worker.handoff``): a prefill phase (``Generate.prefill_to``)
+answers its router (``PrefillResult`` or ``RequestFailed``) instead of streaming, and its pinned
+blocks are released by the decode worker's ``KvRelease`` (``kv_release`` subject), a broadcast
+``Cancel`` or the engine's pin timeout; a decode phase (``Generate.kv_transfer``) streams with
+the prefill worker named on its batches and releases the source's blocks once, when pulled or
+when it ends. ``Generate.dp_rank`` picks the engine's data-parallel rank. A request that is
+neither (rank 0) takes the same path as before: each addition costs it one dict check.
 """
 
 from __future__ import annotations
@@ -44,7 +52,15 @@ from shared.errors import (
 )
 from shared.handlers import Boundary
 from shared.hashing import salted_seed
-from shared.messages import Cancel, Generate, TokenBatch, WorkerCard, WorkerPing
+from shared.messages import (
+    Cancel,
+    Generate,
+    KvRelease,
+    TokenBatch,
+    WorkerCard,
+    WorkerPing,
+    WorkerRole,
+)
 from shared.pings import answer_ping
 from shared.recent import RecentIds
 from shared.registry import WorkerRegistration
@@ -53,6 +69,7 @@ from shared.tasks import TaskSet
 from shared.worker.config import WorkerConfig
 from shared.worker.engine import WorkerEngine
 from shared.worker.grace import FORMATTER_GRACE_S, FormatterGrace, Grace
+from shared.worker.handoff import PREFILL_CANCELLED, Handoffs, RequestCancelled
 from shared.worker.metrics import WorkerMetrics
 from shared.worker.outbox import Outbox
 from shared.worker.publisher import WorkerPublisher
@@ -64,8 +81,10 @@ FORMATTER_PING_TIMEOUT_S = 0.5
 """At the end of a grace: a formatter that does not answer within this is gone (or hung)."""
 
 
-def _stream_to(gen: Generate) -> str:
-    return gen.stream_to
+def _reply_to(gen: Generate) -> str:
+    """Where a rejected request's failure goes: its router for a prefill phase, else its
+    stream."""
+    return gen.prefill_to or gen.stream_to
 
 
 class WorkerRuntime:
@@ -100,6 +119,9 @@ class WorkerRuntime:
             replicas=config.js_replicas,
         )
         self._outbox = Outbox(worker_id)
+        self._handoffs = Handoffs(worker_id)
+        self._prefills = self._handoffs.prefills
+        """Prefill phases running here (``Handoffs.prefills``)."""
         self._unreachable = Unreachable(nc, subjects, self._on_bounce, instance_id=worker_id)
         self._grace = FormatterGrace()
         """Requests whose batches bounced, waiting out their formatter's move (decision 018)."""
@@ -122,6 +144,8 @@ class WorkerRuntime:
         facts = await self.engine.start()
         self.context_length = self._config.context_length or facts.context_length
         self.block_size = facts.block_size
+        self._handoffs.pin_timeout_s = facts.kv_pin_timeout_s
+        role: WorkerRole = self._config.role  # type: ignore[assignment]  # a checked choice
         card = WorkerCard(
             worker_id=self.worker_id,
             model=self._config.model_name,
@@ -131,6 +155,8 @@ class WorkerRuntime:
             max_num_seqs=facts.max_num_seqs,
             context_length=self.context_length,
             kv_events=facts.kv_events,
+            role=role,
+            dp_size=self._config.data_parallel_size,
         )
         self._registration = WorkerRegistration(
             self._nc.jetstream(),
@@ -153,10 +179,13 @@ class WorkerRuntime:
             codec.decoder(Generate),
             "generate",
             self.on_generate,
-            reply_to=_stream_to,
+            reply_to=_reply_to,
             after_failure=self._free_slot,
         )
         on_cancel = self._boundary.handler(codec.decoder(Cancel), "cancel", self.on_cancel)
+        on_release = self._boundary.handler(
+            codec.decoder(KvRelease), "kv_release", self.on_kv_release
+        )
         await self._unreachable.start()
         # Tasks copy the context they start in: the subscriptions' (nats-py starts one per
         # subscription) and the engine loop's log lines carry the worker id.
@@ -166,6 +195,8 @@ class WorkerRuntime:
             self._subs.append(await self._nc.subscribe(self._subjects.cancel, cb=on_cancel))
             ping = self._subjects.worker_ping(self.worker_id)
             self._subs.append(await self._nc.subscribe(ping, cb=self._on_ping))
+            release = self._subjects.kv_release(self.worker_id)
+            self._subs.append(await self._nc.subscribe(release, cb=on_release))
             self._loop_task = asyncio.create_task(self._loop(), name=f"engine-{self.worker_id}")
         await barrier(self._nc)  # subscribed on the server before the card says "ready"
         await self._registration.start()
@@ -185,8 +216,10 @@ class WorkerRuntime:
             log.warning(
                 "requests_cancelled_on_shutdown", worker_id=self.worker_id, count=len(cancelled)
             )
+            shutting_down = ShuttingDown(f"worker {self.worker_id} is shutting down")
             for emission in cancelled:
-                self._outbox.add(emission)
+                if not self._handoffs.fail(emission.request_id, shutting_down):
+                    self._outbox.add(emission)
             await self.phases(cancelled)
         if self._loop_task is not None:
             self._loop_task.cancel()
@@ -213,34 +246,65 @@ class WorkerRuntime:
         self._admit(gen)
 
     async def _free_slot(self, gen: Generate, _: ServiceError) -> None:
-        """A rejected or failed request: routers free its slot."""
-        await self.publisher.phase(gen.request_id, "finished")
+        """A rejected or failed request: routers free its slot; a decode phase never admitted
+        releases its source's blocks."""
+        if gen.kv_transfer is not None and gen.request_id not in self._handoffs.releases:
+            source = gen.kv_transfer.source_worker_id
+            await self._release(self._subjects.kv_release(source), gen.request_id)
+        await self.publisher.phase(gen.request_id, "finished", gen.dp_rank)
 
     async def _drop_cancelled(self, gen: Generate) -> None:
         """The client gave up before this request reached us: end it without generating."""
         log.debug("request_cancelled", reason="cancelled_before_arrival")
-        ended = TokenBatch(
-            request_id=gen.request_id,
-            token_ids=(),
-            finish_reason="cancelled",
-            prompt_tokens=len(gen.token_ids),
-            worker_id=self.worker_id,
-        )
-        await self._nc.publish(gen.stream_to, codec.encode(ended))
-        await self.publisher.phase(gen.request_id, "finished")  # routers free its slot
+        if gen.prefill_to:
+            failure = RequestCancelled(PREFILL_CANCELLED)
+            await self._nc.publish(gen.prefill_to, codec.encode(failure.to_message(gen.request_id)))
+        else:
+            if gen.kv_transfer is not None:
+                source = gen.kv_transfer.source_worker_id
+                await self._release(self._subjects.kv_release(source), gen.request_id)
+            ended = TokenBatch(
+                request_id=gen.request_id,
+                token_ids=(),
+                finish_reason="cancelled",
+                prompt_tokens=len(gen.token_ids),
+                worker_id=self.worker_id,
+            )
+            await self._nc.publish(gen.stream_to, codec.encode(ended))
+        await self.publisher.phase(gen.request_id, "finished", gen.dp_rank)  # frees its slot
+
+    async def _release(self, subject: str, request_id: str, pulled_blocks: int = 0) -> None:
+        """Tell a prefill worker to unpin a request's blocks (``KvRelease``)."""
+        release = KvRelease(request_id=request_id, pulled_blocks=pulled_blocks)
+        await self._nc.publish(subject, codec.encode(release))
+        log.debug("kv_release_sent", request_id=request_id, pulled_blocks=pulled_blocks)
 
     def _admit(self, gen: Generate) -> None:
         if not self._accepting:
             raise ShuttingDown(f"worker {self.worker_id} is shutting down")
         if gen.model != self._config.model_name:
             raise ModelNotFound(gen.model)
-        if gen.request_id in self.engine or gen.request_id in self._outbox:
+        dp_rank = gen.dp_rank
+        if dp_rank and not 0 <= dp_rank < self._config.data_parallel_size:
+            raise InvalidRequest(
+                f"dp_rank {dp_rank} is out of range: worker {self.worker_id} has "
+                f"{self._config.data_parallel_size} data-parallel rank(s)",
+                param="dp_rank",
+            )
+        if (
+            gen.request_id in self.engine
+            or gen.request_id in self._outbox
+            or (self._prefills and gen.request_id in self._prefills)
+        ):
             earlier = self._outbox.attempt(gen.request_id)
+            if earlier is None:
+                earlier = self._handoffs.attempt(gen.request_id)
             if earlier is None or gen.attempt <= earlier:
                 log.warning("duplicate_request_ignored")
                 return
             self.engine.cancel(gen.request_id)  # a migration came back here: the new one wins
             self._outbox.close(gen.request_id)
+            self._handoffs.forget(gen.request_id)
         limit = self._config.max_waiting
         if limit and self.engine.num_waiting >= limit:
             raise WorkerBusy(f"worker {self.worker_id} has {limit} requests queued")
@@ -253,27 +317,41 @@ class WorkerRuntime:
         routing = gen.routing
         lora_name = routing.lora_name if routing else None
         seed = salted_seed(lora_name=lora_name, cache_salt=routing.cache_salt if routing else None)
+        transfer = gen.kv_transfer
+        request = EngineInput(
+            request_id=gen.request_id,
+            token_ids=gen.token_ids,
+            sampling=gen.sampling,
+            hash_seed=seed,
+            lora_name=lora_name,
+            resumed_tokens=gen.resumed_tokens,
+            dp_rank=dp_rank,
+            phase="prefill" if gen.prefill_to else "decode" if transfer is not None else "both",
+            kv_transfer_params=transfer.params if transfer is not None else None,
+        )
         try:
-            self.engine.add(
-                EngineInput(
-                    request_id=gen.request_id,
-                    token_ids=gen.token_ids,
-                    sampling=gen.sampling,
-                    hash_seed=seed,
-                    lora_name=lora_name,
-                    resumed_tokens=gen.resumed_tokens,
-                )
-            )
+            self.engine.add(request)
         except EngineError as exc:
             raise InvalidRequest(str(exc)) from exc
-        self._outbox.open(
-            gen.request_id,
-            gen.stream_to,
-            prompt_tokens=prompt_tokens,
-            attempt=gen.attempt,
-            reply_to=gen.reply_to,
-            n=gen.sampling.n,
-        )
+        if gen.prefill_to:
+            self._handoffs.open_prefill(gen)
+        else:
+            self._outbox.open(
+                gen.request_id,
+                gen.stream_to,
+                prompt_tokens=prompt_tokens,
+                attempt=gen.attempt,
+                reply_to=gen.reply_to,
+                n=gen.sampling.n,
+                dp_rank=dp_rank,
+                prefill_worker_id=transfer.source_worker_id if transfer is not None else "",
+                prefill_dp_rank=transfer.source_dp_rank if transfer is not None else 0,
+            )
+            if transfer is not None:
+                release = self._subjects.kv_release(transfer.source_worker_id)
+                self._handoffs.releases[gen.request_id] = release
+        if dp_rank:
+            self._handoffs.ranks[gen.request_id] = dp_rank
         log.debug("request_received", prompt_tokens=prompt_tokens)
         self._idle.clear()
         self._wake.set()
@@ -283,18 +361,32 @@ class WorkerRuntime:
             return  # another worker's attempt of a migrated request
         if self._grace:
             self._grace.forget(cancel.request_id)  # someone is there to cancel it
+        if self.engine.release_kv(cancel.request_id):  # a prefill's blocks pinned here
+            log.debug("kv_unpinned", reason="cancelled")
         emission = self.engine.cancel(cancel.request_id)
-        if emission is None:
+        if emission is not None:
+            self.add(emission)
+            log.debug("request_cancelled", reason=cancel.reason)
+            await self._flush([cancel.request_id])
+            await self.phases([emission])
+        elif self._handoffs.fail(cancel.request_id, RequestCancelled(PREFILL_CANCELLED)):
+            # A prefill phase whose last step is under way (its emission not handed over yet):
+            # its router hears now; its phases go out with that emission.
+            log.debug("request_cancelled", reason=cancel.reason)
+            await self._flush(())
+        else:
             # Not ours (cancel is a broadcast), finished, or still on its way to us.
             self._early_cancels.add(cancel.request_id, time.monotonic())
             return
-        self._outbox.add(emission)
-        log.debug("request_cancelled", reason=cancel.reason)
-        await self._flush([cancel.request_id])
-        await self.phases([emission])
         if not self.engine.has_work:
             self._idle.set()
             await self.publisher.report_load(is_idle=True)
+
+    async def on_kv_release(self, release: KvRelease) -> None:
+        """A decode worker pulled (or gave up on) a prefill's blocks: unpin them."""
+        if self.engine.release_kv(release.request_id):
+            log.debug("kv_unpinned", reason="released", pulled_blocks=release.pulled_blocks)
+            await self.publisher.report_load(is_idle=not self.engine.has_work)
 
     # --- engine loop -----------------------------------------------------------------------------
 
@@ -316,20 +408,34 @@ class WorkerRuntime:
     # --- EmissionSink: what the engine's run hands over ---------------------------------------
 
     def add(self, emission: Emission) -> bool:
+        if self._prefills and emission.request_id in self._prefills:
+            return self._handoffs.add(emission, time.time())  # answered on the next flush
         return self._outbox.add(emission)
 
     async def flush(self, request_ids: Sequence[str] | None = None) -> None:
         await self._flush(self._outbox.dirty() if request_ids is None else request_ids)
 
     async def fail(self, request_id: str, error: ServiceError) -> None:
-        """End a request typed on its stream: what it emitted goes first, then the error."""
+        """End a request typed on its stream: what it emitted goes first, then the error (a
+        prefill phase: the error goes to its router)."""
+        if self._handoffs.fail(request_id, error):
+            await self._flush(())
+            log.warning("request_failed", request_id=request_id, code=error.code)
+            await self._finished(request_id)
+            return
         await self._flush([request_id])
         stream_to = self._outbox.stream_to(request_id)
         self._outbox.close(request_id)
         if stream_to is not None:
             await self._nc.publish(stream_to, codec.encode(error.to_message(request_id)))
         log.warning("request_failed", request_id=request_id, code=error.code)
-        await self.publisher.phase(request_id, "finished")
+        await self._finished(request_id)
+
+    async def kv_pulled(self, request_id: str, pulled_blocks: int) -> None:
+        """A decode phase's blocks are here: its prefill worker may unpin them."""
+        subject = self._handoffs.pop_release(request_id)
+        if subject is not None:
+            await self._release(subject, request_id, pulled_blocks)
 
     def collect(self) -> None:
         self.publisher.collect_kv_events()
@@ -343,11 +449,26 @@ class WorkerRuntime:
         its last choice)."""
         for e in emissions:
             if e.index == 0 and e.token_ids and e.choice == 0:
-                await self.publisher.phase(e.request_id, "prefill_done")
+                rank = self._handoffs.rank(e.request_id)
+                await self.publisher.phase(e.request_id, "prefill_done", rank)
             if e.done:
-                await self.publisher.phase(e.request_id, "finished")
+                await self._finished(e.request_id)
+
+    async def _finished(self, request_id: str) -> None:
+        """A request ended here: release its source's blocks if still owed, then routers free
+        its slot."""
+        subject = self._handoffs.pop_release(request_id)
+        if subject is not None:
+            await self._release(subject, request_id)
+        await self.publisher.phase(request_id, "finished", self._handoffs.pop_rank(request_id))
 
     async def _flush(self, request_ids: Sequence[str]) -> None:
+        if self._handoffs.ready:  # prefill phases' answers for their routers
+            for subject, answer in self._handoffs.take_ready():
+                await self._nc.publish(subject, codec.encode(answer))
+                log.debug(
+                    "prefill_answered", request_id=answer.request_id, kind=type(answer).__name__
+                )
         for request_id in request_ids:
             while (taken := self._outbox.take(request_id)) is not None:  # one batch per choice
                 stream_to, batch = taken
@@ -370,8 +491,11 @@ class WorkerRuntime:
         await answer_ping(msg, self._holds, on_undecodable=self._undecodable_ping)
 
     def _holds(self, ping: WorkerPing) -> bool:
-        """``held``: this attempt of the request is here, queued, running or finishing."""
-        return self._outbox.attempt(ping.request_id) == ping.attempt
+        """``held``: this attempt of the request is here, queued, running or finishing (a
+        decode phase also while it pulls its blocks; a prefill phase while it runs)."""
+        if self._outbox.attempt(ping.request_id) == ping.attempt:
+            return True
+        return bool(self._prefills) and self._handoffs.attempt(ping.request_id) == ping.attempt
 
     def _undecodable_ping(self, exc: Exception) -> None:
         self._boundary.metrics.error("message_undecodable")
@@ -444,9 +568,12 @@ class WorkerRuntime:
         failed = InternalError("the engine failed")
         emissions = self.engine.cancel_all()
         for emission in emissions:
+            if self._handoffs.fail(emission.request_id, failed):
+                continue
             taken = self._outbox.take(emission.request_id)
             self._outbox.close(emission.request_id)
             if taken is not None:
                 message = failed.to_message(emission.request_id)
                 await self._nc.publish(taken[0], codec.encode(message))
+        await self._flush(())
         await self.phases(emissions)

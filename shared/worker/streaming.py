@@ -159,6 +159,10 @@ class StreamingEngine(ABC):
     def kv_dump(self, *, with_tokens: bool) -> list[BlockStored]:
         return []
 
+    def release_kv(self, request_id: str) -> bool:
+        """No pinned blocks by default (vLLM's KV connector frees a prefill's blocks itself)."""
+        return False
+
     def load(self) -> EngineLoad:
         used, total = self.kv_usage()
         waiting = len(self._pending)

@@ -13,14 +13,35 @@ Each fake names the vLLM source it follows (read through the code index; commits
   ``stop_reason``, EOS is in the output with ``stop_reason=None``; an aborted request ends with
   ``finish_reason="abort"``. Its prefix cache stores full blocks (prompt, then generated) and
   publishes ``BlockStored``/``BlockRemoved`` like vLLM's ``KVCacheManager`` with prefix caching.
+  ``generate`` takes ``data_parallel_rank`` (commit 00080ee13c7a451fce071ccb8d0e94d395acf5a7)
+  and records it. With a ``FakeNixl``, a request whose ``SamplingParams.extra_args`` carries
+  ``kv_transfer_params`` behaves as under vLLM's ``NixlConnector``
+  (``vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py``, commit
+  002a1057e9ae674d7bdc9c4be95bc29d65d2e808): ``do_remote_decode`` keeps the finished request's
+  blocks and, only when it finished at its token limit (``FINISHED_LENGTH_CAPPED``), returns the
+  params of ``NixlConnectorScheduler.request_finished`` on its last output;
+  ``do_remote_prefill`` with ``remote_block_ids`` and the four ``remote_*`` fields reads the
+  blocks of the prompt not cached locally (``get_num_new_matched_tokens``) and frees them on the
+  prefill side (the read notification), then decodes as usual; the dict is marked
+  ``do_remote_prefill=False`` as the connector marks it. ``FakeCompletionOutput`` carries
+  ``kv_transfer_params`` and ``FakeRequestOutput.kv_transfer_params`` is the property of
+  ``vllm/outputs.py`` at commit 003d3ee.
+- ``FakeDpAsyncLLM``: an ``AsyncLLM`` with ``data_parallel_size`` > 1: one ``FakeAsyncLLM`` per
+  rank (its own cache and publisher, as each of vLLM's engine cores), ``generate`` going to
+  ``data_parallel_rank`` (out of range: ``ValueError``, as ``InputProcessor.process_inputs``) or,
+  without one, to the least busy rank (the internal load balancer).
 - ``FakeSamplingParams``: the ``vllm.SamplingParams`` fields the worker sets (an unknown keyword
-  is a ``TypeError``, as for the real struct).
+  is a ``TypeError``, as for the real struct), ``extra_args`` included.
 - ``FakeKvPublisher``: ``vllm/distributed/kv_events.py`` ``ZmqEventPublisher`` — a PUB socket
   sending ``(topic, seq.to_bytes(8, "big"), msgpack(KVEventBatch))`` from a background thread,
   a ``deque`` replay buffer, and a ROUTER replay socket answering ``(identity, b"", start_seq)``
   with ``(identity, b"", topic, seq, payload)`` per buffered batch then ``(identity, b"", b"",
   END_SEQ, b"")`` (vLLM 0.33.0's ``_service_replay``, seen in the installed package by
   ``make test-vllm``; ``replay_topic=False``: the earlier ``(identity, b"", seq, payload)``).
+  ``data_parallel_rank`` moves the endpoints given (``ZmqEventPublisher.offset_endpoint_port``)
+  and is put in every batch, as for each rank of a data-parallel engine; a given endpoint is
+  bound or connected to as ``_socket_setup`` decides (bound: ``*``, ``::``, ``ipc://``,
+  ``inproc://``).
   ``layout="array"`` encodes the structs as vLLM did with ``array_like=True`` (commit
   b4e69e0af33f4698e157a262cc787fe61983cd3d, field order of vLLM 0.11+ with ``medium``,
   ``lora_name``, ``extra_keys``); ``layout="map"`` as after vLLM PR #42892 (commit
@@ -31,7 +52,11 @@ Each fake names the vLLM source it follows (read through the code index; commits
   ``vllm/entrypoints/openai/serving_completion.py`` writes it (``CompletionStreamResponse``
   chunks; ``prompt_token_ids`` on a choice's first chunk and ``token_ids`` per delta with
   ``return_token_ids``; logprobs keyed ``token_id:<id>`` with ``return_tokens_as_token_ids``;
-  a final usage chunk with ``prompt_tokens_details.cached_tokens``; ``data: [DONE]``), errors
+  a final usage chunk with ``prompt_tokens_details.cached_tokens``; ``data: [DONE]``), a
+  non-streamed ``CompletionResponse`` with its ``kv_transfer_params`` (``stream: false``;
+  ``stream_options`` without ``stream`` refused as ``CompletionRequest`` refuses it), the
+  request's ``kv_transfer_params`` into ``SamplingParams.extra_args`` and its
+  ``X-data-parallel-rank`` header into ``generate(data_parallel_rank=...)``, errors
   as ``{"error": {"message", "type", "param", "code"}}``, and ``GET /metrics`` (the
   ``vllm:num_requests_running`` / ``_waiting`` / ``kv_cache_usage_perc`` gauges and the
   ``vllm:cache_config_info`` info gauge of ``vllm/v1/metrics/loggers.py``).
@@ -58,6 +83,7 @@ import uvicorn
 import zmq
 
 from services.vllm_worker.engine import VllmEngine, VllmHandle
+from services.vllm_worker.kv_endpoints import KvSource, offset_endpoint
 from services.vllm_worker.remote import RemoteOptions, RemoteVllmEngine
 from services.vllm_worker.stats import SchedulerSnapshot
 from shared.worker.records import EngineFacts
@@ -108,6 +134,7 @@ class FakeCompletionOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     lora_request: Any = None
+    kv_transfer_params: dict[str, Any] | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -141,6 +168,15 @@ class FakeRequestOutput:
         self.encoder_prompt = encoder_prompt
         self.encoder_prompt_token_ids = encoder_prompt_token_ids
         self.num_cached_tokens = num_cached_tokens
+        self.kv_transfer_params_list = [
+            o.kv_transfer_params for o in outputs if o.kv_transfer_params
+        ]
+
+    @property
+    def kv_transfer_params(self) -> dict[str, Any] | list[dict[str, Any]] | None:
+        if len(self.kv_transfer_params_list) == 1:
+            return self.kv_transfer_params_list[0]
+        return self.kv_transfer_params_list or None
 
 
 # --- vllm/sampling_params.py --------------------------------------------------------------------
@@ -169,6 +205,7 @@ class FakeSamplingParams:
     output_kind: str = "CUMULATIVE"
     structured_outputs: dict[str, Any] | None = None
     logit_bias: dict[int, float] | None = None
+    extra_args: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -286,7 +323,10 @@ FakeEvent = Stored | Removed | Cleared
 
 
 def encode_batch(
-    events: Iterable[FakeEvent], layout: Literal["array", "map"], ts: float = 0.0
+    events: Iterable[FakeEvent],
+    layout: Literal["array", "map"],
+    ts: float = 0.0,
+    data_parallel_rank: int = 0,
 ) -> bytes:
     """The msgpack payload vLLM's publisher sends for these events."""
     out: list[Any] = []
@@ -327,7 +367,8 @@ def encode_batch(
                 out.append(_MapRemoved(e.block_hashes, e.medium, e.group_idx))
         else:
             out.append(_ArrayCleared() if layout == "array" else _MapCleared())
-    batch: Any = _ArrayBatch(ts, out, 0) if layout == "array" else _MapBatch(ts, out, 0)
+    rank = data_parallel_rank
+    batch: Any = _ArrayBatch(ts, out, rank) if layout == "array" else _MapBatch(ts, out, rank)
     return msgspec.msgpack.encode(batch)
 
 
@@ -367,23 +408,43 @@ class FakeKvPublisher:
         buffer_steps: int = 10_000,
         replay: bool = True,
         replay_topic: bool = True,
+        endpoint: str | None = None,
+        replay_endpoint: str | None = None,
+        data_parallel_rank: int = 0,
     ) -> None:
-        """``replay_topic``: replay replies carry the topic, as vLLM 0.33's do."""
+        """``replay_topic``: replay replies carry the topic, as vLLM 0.33's do. ``endpoint`` /
+        ``replay_endpoint``: bind these, moved for ``data_parallel_rank`` (None: ports the OS
+        picks on 127.0.0.1)."""
         self.layout = layout
         self.topic = topic
         self.replay_topic = replay_topic
+        self.data_parallel_rank = data_parallel_rank
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
-        port = self._pub.bind_to_random_port("tcp://127.0.0.1")
-        self.endpoint = f"tcp://127.0.0.1:{port}"
+        if endpoint is None:
+            port = self._pub.bind_to_random_port("tcp://127.0.0.1")
+            self.endpoint = f"tcp://127.0.0.1:{port}"
+        else:
+            # ZmqEventPublisher._socket_setup: bind a wildcard, IPC or inproc endpoint, else
+            # connect (to a subscriber that binds)
+            self.endpoint = offset_endpoint(endpoint, data_parallel_rank)
+            wildcard = "*" in self.endpoint or "::" in self.endpoint
+            if wildcard or self.endpoint.startswith(("ipc://", "inproc://")):
+                self._pub.bind(self.endpoint)
+            else:
+                self._pub.connect(self.endpoint)
         self.replay_endpoint: str | None = None
         self._replay: zmq.Socket[bytes] | None = None
         if replay:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.LINGER, 0)
-            rport = self._replay.bind_to_random_port("tcp://127.0.0.1")
-            self.replay_endpoint = f"tcp://127.0.0.1:{rport}"
+            if replay_endpoint is None:
+                rport = self._replay.bind_to_random_port("tcp://127.0.0.1")
+                self.replay_endpoint = f"tcp://127.0.0.1:{rport}"
+            else:
+                self.replay_endpoint = offset_endpoint(replay_endpoint, data_parallel_rank)
+                self._replay.bind(self.replay_endpoint)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._queue: queue.Queue[tuple[bytes, bool] | None] = queue.Queue()
         self._seq = itertools.count()
@@ -405,7 +466,8 @@ class FakeKvPublisher:
         drop = self._drop > 0
         if drop:
             self._drop -= 1
-        self._queue.put((encode_batch(events, self.layout, time.time()), drop))
+        payload = encode_batch(events, self.layout, time.time(), self.data_parallel_rank)
+        self._queue.put((payload, drop))
 
     def publish_raw(self, payload: bytes) -> None:
         """A payload as is (a malformed batch, for tests)."""
@@ -413,7 +475,7 @@ class FakeKvPublisher:
 
     def publish_empty(self) -> None:
         """A batch without events."""
-        self.publish_raw(encode_batch([], self.layout))
+        self.publish_raw(encode_batch([], self.layout, 0.0, self.data_parallel_rank))
 
     def flush(self, timeout_s: float = 2.0) -> None:
         """Wait until every queued batch went out."""
@@ -483,6 +545,54 @@ class _Block:
 
 
 @dataclass
+class FakeNixl:
+    """What vLLM's ``NixlConnector`` moves between engines, kept in one place: the blocks each
+    prefill keeps for a remote decode (until read or aborted) and every read a decode did.
+    ``side_channel_host``/``side_channel_port``: ``VLLM_NIXL_SIDE_CHANNEL_HOST``/``_PORT``'s
+    defaults; a rank's port is the base plus its data-parallel rank (``NixlConnectorScheduler``)."""
+
+    side_channel_host: str = "localhost"
+    side_channel_port: int = 5600
+    kept: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    """``(remote_engine_id, remote_request_id)`` → the blocks kept for a decode."""
+    reads: list[tuple[str, dict[str, Any], int]] = field(default_factory=list)
+    """``(decode request id, kv_transfer_params as received, prompt tokens read)``."""
+    failed_reads: list[str] = field(default_factory=list)
+    """Decode requests whose blocks were gone (vLLM then recomputes them locally)."""
+
+    def finished_prefill(
+        self, llm: FakeAsyncLLM, request_id: str, prompt_len: int, length_capped: bool
+    ) -> dict[str, Any] | None:
+        """``NixlConnectorScheduler.request_finished`` for a ``do_remote_decode`` request."""
+        if not length_capped:
+            return None  # e.g. EOS: the blocks are freed at once, nothing to read
+        blocks = list(range(-(-prompt_len // llm.block_size)))
+        self.kept[(llm.engine_id, request_id)] = blocks
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": blocks,
+            "remote_engine_id": llm.engine_id,
+            "remote_request_id": request_id,
+            "remote_host": self.side_channel_host,
+            "remote_port": self.side_channel_port + llm.dp_rank,
+            "tp_size": 1,
+        }
+
+    def read(self, request_id: str, params: dict[str, Any], tokens: int) -> None:
+        """A decode reads the prompt's blocks (``tokens`` of them not cached locally) and
+        notifies the prefill side, which frees them."""
+        key = (params["remote_engine_id"], params["remote_request_id"])
+        if self.kept.pop(key, None) is None:
+            self.failed_reads.append(request_id)
+            return
+        self.reads.append((request_id, dict(params), tokens))
+
+
+_REMOTE_FIELDS = ("remote_engine_id", "remote_request_id", "remote_host", "remote_port")
+
+
+@dataclass
 class FakeAsyncLLM:
     """``AsyncLLM`` with deterministic tokens and a prefix cache (see the module docstring)."""
 
@@ -502,8 +612,16 @@ class FakeAsyncLLM:
     abort_calls: list[str] = field(default_factory=list)
     running: set[str] = field(default_factory=set)
     requests: list[tuple[str, dict[str, Any], FakeSamplingParams]] = field(default_factory=list)
+    dp_ranks: list[int | None] = field(default_factory=list)
+    """Each request's ``data_parallel_rank`` argument, in order."""
     cache: OrderedDict[int | bytes, _Block] = field(default_factory=OrderedDict)
     scheduler: SchedulerSnapshot = field(default_factory=SchedulerSnapshot)
+    nixl: FakeNixl | None = None
+    """The KV connector (None: no ``--kv-transfer-config``; ``kv_transfer_params`` ignored)."""
+    engine_id: str = "fake-engine"
+    """``KVTransferConfig.engine_id``."""
+    dp_rank: int = 0
+    """This engine core's data-parallel rank (``FakeDpAsyncLLM``)."""
 
     def _hash(self, parent: int | bytes | None, tokens: tuple[int, ...], extra: Any) -> int | bytes:
         digest = hashlib.sha256(repr((parent, tokens, extra)).encode()).digest()
@@ -605,10 +723,19 @@ class FakeAsyncLLM:
             raise ValueError(f"Request id {request_id} already running.")
         lora = getattr(lora_request, "lora_name", None)
         self.requests.append((request_id, dict(prompt), params))
+        self.dp_ranks.append(data_parallel_rank)
         self.running.add(request_id)
-        self.scheduler.update(running=len(self.running), waiting=0, kv_usage=0.0)
+        self._stats()
+        kv = (params.extra_args or {}).get("kv_transfer_params") if self.nixl else None
         try:
             cached = self._store(ids, prompt.get("cache_salt"), lora) * self.block_size
+            if kv is not None and kv.get("do_remote_prefill"):
+                # get_num_new_matched_tokens / update_state_after_alloc: read what is not
+                # cached here, once (the connector marks the params)
+                if kv.get("remote_block_ids") and all(k in kv for k in _REMOTE_FIELDS):
+                    assert self.nixl is not None
+                    self.nixl.read(request_id, kv, len(ids) - cached)
+                kv["do_remote_prefill"] = False
             outputs: list[list[int]] = [[] for _ in range(params.n)]
             done: dict[int, tuple[str, int | None]] = {}
             max_tokens = params.max_tokens or 16
@@ -651,16 +778,31 @@ class FakeAsyncLLM:
                         reason = "stop"
                     elif len(outputs[c]) >= max_tokens:
                         reason = "length"
+                    transfer: dict[str, Any] | None = None
                     if reason is not None:
                         done[c] = (reason, stop_reason)
                         self._store(ids + outputs[c], prompt.get("cache_salt"), lora)
+                        if kv is not None and kv.get("do_remote_decode"):
+                            assert self.nixl is not None
+                            transfer = self.nixl.finished_prefill(
+                                self, request_id, len(ids), length_capped=reason == "length"
+                            )
                     logprobs = (
                         [self._logprobs(token, params.logprobs)]
                         if params.logprobs is not None
                         else None
                     )
                     deltas.append(
-                        FakeCompletionOutput(c, "", [token], None, logprobs, reason, stop_reason)
+                        FakeCompletionOutput(
+                            c,
+                            "",
+                            [token],
+                            None,
+                            logprobs,
+                            reason,
+                            stop_reason,
+                            kv_transfer_params=transfer,
+                        )
                     )
                 yield FakeRequestOutput(
                     request_id,
@@ -675,7 +817,12 @@ class FakeAsyncLLM:
         finally:
             self.running.discard(request_id)
             self.aborted.discard(request_id)
-            self.scheduler.update(running=len(self.running), waiting=0, kv_usage=0.0)
+            self._stats()
+
+    def _stats(self) -> None:
+        self.scheduler.update(
+            running=len(self.running), waiting=0, kv_usage=0.0, engine=self.dp_rank
+        )
 
     async def abort(self, request_id: str | Iterable[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
@@ -692,6 +839,112 @@ class FakeAsyncLLM:
             max_num_seqs=self.max_num_seqs,
             context_length=self.max_model_len,
         )
+
+
+class FakeDpAsyncLLM:
+    """``AsyncLLM`` with ``data_parallel_size`` ranks (see the module docstring)."""
+
+    def __init__(self, ranks: list[FakeAsyncLLM]) -> None:
+        self.ranks = ranks
+        self.scheduler = ranks[0].scheduler
+        self.dp_ranks: list[int | None] = []
+
+    @classmethod
+    def build(
+        cls,
+        dp_size: int,
+        *,
+        publishers: list[KvPublisher] | None = None,
+        nixl: FakeNixl | None = None,
+        engine_id: str = "fake-engine",
+        **llm: Any,
+    ) -> FakeDpAsyncLLM:
+        """``dp_size`` engine cores sharing one scheduler snapshot (one stat logger per core)."""
+        snapshot = SchedulerSnapshot()
+        return cls(
+            [
+                FakeAsyncLLM(
+                    publisher=publishers[rank] if publishers else None,
+                    scheduler=snapshot,
+                    nixl=nixl,
+                    engine_id=engine_id,
+                    dp_rank=rank,
+                    **llm,
+                )
+                for rank in range(dp_size)
+            ]
+        )
+
+    # what FakeVllmServer and the builders read of an engine
+    @property
+    def block_size(self) -> int:
+        return self.ranks[0].block_size
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self.ranks[0].num_gpu_blocks
+
+    @property
+    def max_model_len(self) -> int:
+        return self.ranks[0].max_model_len
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.ranks[0].max_num_seqs
+
+    @property
+    def publisher(self) -> KvPublisher | None:
+        return self.ranks[0].publisher
+
+    @property
+    def running(self) -> set[str]:
+        return {rid for rank in self.ranks for rid in rank.running}
+
+    @property
+    def cache(self) -> dict[int | bytes, _Block]:
+        return {h: b for rank in self.ranks for h, b in rank.cache.items()}
+
+    def _token(self, prompt: list[int], params: FakeSamplingParams, choice: int, i: int) -> int:
+        return self.ranks[0]._token(prompt, params, choice, i)
+
+    async def generate(
+        self,
+        prompt: Any,
+        sampling_params: FakeSamplingParams,
+        request_id: str,
+        *,
+        prompt_text: str | None = None,
+        lora_request: Any = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
+        trace_headers: Any = None,
+        priority: int = 0,
+        data_parallel_rank: int | None = None,
+    ) -> AsyncGenerator[FakeRequestOutput, None]:
+        self.dp_ranks.append(data_parallel_rank)
+        size = len(self.ranks)
+        if data_parallel_rank is not None and not 0 <= data_parallel_rank < size:
+            raise ValueError(
+                f"data_parallel_rank {data_parallel_rank} is out of range [0, {size})."
+            )
+        if data_parallel_rank is None:  # the internal load balancer: the least busy core
+            data_parallel_rank = min(range(size), key=lambda r: len(self.ranks[r].running))
+        rank = self.ranks[data_parallel_rank]
+        async for output in rank.generate(
+            prompt,
+            sampling_params,
+            request_id,
+            lora_request=lora_request,
+            data_parallel_rank=data_parallel_rank,
+        ):
+            yield output
+
+    async def abort(self, request_id: str | Iterable[str]) -> None:
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for rank in self.ranks:
+            await rank.abort([rid for rid in ids if rid in rank.running])
+
+    def facts(self) -> EngineFacts:
+        return self.ranks[0].facts()
 
 
 # --- vllm serve ----------------------------------------------------------------------------------
@@ -720,7 +973,7 @@ class FakeVllmServer:
 
     def __init__(
         self,
-        llm: FakeAsyncLLM,
+        llm: FakeAsyncLLM | FakeDpAsyncLLM,
         *,
         model: str = "fake-model",
         prompt_tokens_details: bool = True,
@@ -737,6 +990,7 @@ class FakeVllmServer:
         self.model = model
         self.prompt_tokens_details = prompt_tokens_details
         self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
         self.disconnects: list[str] = []
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -787,7 +1041,9 @@ class FakeVllmServer:
                 body += message.get("body", b"")
                 if not message.get("more_body"):
                     break
-            await self._completions(json.loads(body), receive, send)
+            headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+            self.headers.append(headers)
+            await self._completions(json.loads(body), headers, receive, send)
         else:
             await _json(send, 404, _error("Not Found", "NotFoundError", 404))
 
@@ -826,8 +1082,14 @@ class FakeVllmServer:
             f"{len(self.llm.cache) / self.llm.num_gpu_blocks}\n"
         )
 
-    async def _completions(self, body: dict[str, Any], receive: Any, send: Any) -> None:
+    async def _completions(
+        self, body: dict[str, Any], headers: dict[str, str], receive: Any, send: Any
+    ) -> None:
         self.bodies.append(body)
+        if body.get("stream_options") and not body.get("stream"):
+            message = "Stream options can only be defined when `stream=True`."
+            await _json(send, 400, _error(message, "BadRequestError", 400))
+            return
         if body.get("model") != self.model:
             message = f"The model `{body.get('model')}` does not exist."
             await _json(send, 404, _error(message, "NotFoundError", 404))
@@ -837,10 +1099,14 @@ class FakeVllmServer:
             await _json(send, 400, _error("prompt must be token ids here", "BadRequestError", 400))
             return
         try:
+            # CompletionRequest.to_sampling_params: kv_transfer_params go into extra_args
+            kv = body.get("kv_transfer_params")
             params = FakeSamplingParams(
                 **{k: body[k] for k in _SAMPLING_FIELDS if k in body and body[k] is not None},
                 output_kind="DELTA",
                 detokenize=False,
+                # a copy, as the engine core process gets one
+                extra_args={"kv_transfer_params": dict(kv)} if kv else None,
             )
         except (TypeError, ValueError) as exc:
             await _json(send, 400, _error(str(exc), "BadRequestError", 400))
@@ -849,11 +1115,17 @@ class FakeVllmServer:
         prompt_dict: dict[str, Any] = {"prompt_token_ids": prompt}
         if body.get("cache_salt"):
             prompt_dict["cache_salt"] = body["cache_salt"]
-        generator = self.llm.generate(prompt_dict, params, request_id)
+        rank: int | None = None
+        with contextlib.suppress(KeyError, ValueError):  # OpenAIServing._get_data_parallel_rank
+            rank = int(headers["x-data-parallel-rank"])
+        generator = self.llm.generate(prompt_dict, params, request_id, data_parallel_rank=rank)
         try:
             first = await generator.__anext__()
         except ValueError as exc:
             await _json(send, 400, _error(str(exc), "BadRequestError", 400))
+            return
+        if not body.get("stream"):
+            await self._whole(body, first, generator, send)
             return
         await send(
             {
@@ -957,6 +1229,62 @@ class FakeVllmServer:
         await _event(send, "[DONE]")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
+    async def _whole(
+        self,
+        body: dict[str, Any],
+        first: FakeRequestOutput,
+        generator: AsyncIterator[FakeRequestOutput],
+        send: Any,
+    ) -> None:
+        """A non-streamed ``CompletionResponse`` (``request_output_to_completion_response``):
+        the whole output per choice, usage, and the final output's ``kv_transfer_params``."""
+        outputs: dict[int, list[int]] = {}
+        finish: dict[int, tuple[str | None, int | str | None]] = {}
+        last = first
+
+        async def rest() -> AsyncIterator[FakeRequestOutput]:
+            yield first
+            async for item in generator:
+                yield item
+
+        async for res in rest():
+            last = res
+            for output in res.outputs:
+                outputs.setdefault(output.index, []).extend(output.token_ids)
+                finish[output.index] = (output.finish_reason, output.stop_reason)
+        return_ids = bool(body.get("return_token_ids")) and self.token_ids
+        choices = [
+            {
+                "index": i,
+                "text": "",
+                "logprobs": None,
+                "finish_reason": finish[i][0],
+                "stop_reason": finish[i][1],
+                "prompt_token_ids": first.prompt_token_ids if return_ids else None,
+                "token_ids": ids if return_ids else None,
+            }
+            for i, ids in sorted(outputs.items())
+        ]
+        num_prompt = len(first.prompt_token_ids or ())
+        completion = sum(len(ids) for ids in outputs.values())
+        usage: dict[str, Any] = {
+            "prompt_tokens": num_prompt,
+            "completion_tokens": completion,
+            "total_tokens": num_prompt + completion,
+        }
+        if self.prompt_tokens_details and first.num_cached_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": first.num_cached_tokens}
+        response = {
+            "id": f"cmpl-{len(self.bodies)}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": choices,
+            "usage": usage,
+            "kv_transfer_params": last.kv_transfer_params,
+        }
+        await _json(send, 200, response)
+
 
 def _http_logprobs(output: FakeCompletionOutput, body: dict[str, Any]) -> dict[str, Any] | None:
     k = body.get("logprobs")
@@ -1019,13 +1347,16 @@ async def _event(send: Any, data: str) -> None:
 
 
 async def until_subscribed(
-    engine: VllmEngine | RemoteVllmEngine, publisher: KvPublisher | None, timeout_s: float = 5.0
+    engine: VllmEngine | RemoteVllmEngine,
+    publisher: KvPublisher | None,
+    timeout_s: float = 5.0,
+    rank: int = 0,
 ) -> None:
-    """Publish empty batches until the engine's SUB socket receives one (ZMQ's slow joiner:
-    a subscription takes a moment to reach the publisher)."""
-    subscriber = engine.subscriber
-    if subscriber is None or publisher is None:
+    """Publish empty batches until the engine's SUB socket (of ``rank``) receives one (ZMQ's
+    slow joiner: a subscription takes a moment to reach the publisher)."""
+    if engine.feeds is None or publisher is None:
         return
+    subscriber = engine.feeds.subscribers[rank]
     deadline = time.monotonic() + timeout_s
     while subscriber.received == 0:
         if time.monotonic() > deadline:
@@ -1045,18 +1376,31 @@ class FakeStack:
     server: FakeVllmServer | None = None
 
 
-def inprocess_engine(llm: FakeAsyncLLM) -> VllmEngine:
-    """A ``VllmEngine`` (not started) whose ``load`` hands it ``llm`` and its publisher."""
-    publisher = llm.publisher
+def _kv_sources(llm: FakeAsyncLLM | FakeDpAsyncLLM) -> tuple[KvSource, ...]:
+    ranks = llm.ranks if isinstance(llm, FakeDpAsyncLLM) else [llm]
+    return tuple(
+        KvSource(
+            endpoint=rank.publisher.endpoint,
+            replay_endpoint=rank.publisher.replay_endpoint,
+            topic=rank.publisher.topic,
+            dp_rank=rank.dp_rank,
+        )
+        for rank in ranks
+        if rank.publisher is not None
+    )
+
+
+def inprocess_engine(llm: FakeAsyncLLM | FakeDpAsyncLLM) -> VllmEngine:
+    """A ``VllmEngine`` (not started) whose ``load`` hands it ``llm`` and its publishers (one
+    per data-parallel rank), as ``loader.load_vllm`` does."""
 
     async def load() -> VllmHandle:
         return VllmHandle(
             client=llm,
             facts=llm.facts(),
             make_sampling_params=fake_sampling_params,
-            kv_endpoint=publisher.endpoint if publisher else None,
-            kv_replay_endpoint=publisher.replay_endpoint if publisher else None,
-            kv_topic=publisher.topic if publisher else "",
+            kv_sources=_kv_sources(llm),
+            dp_size=len(llm.ranks) if isinstance(llm, FakeDpAsyncLLM) else 1,
             scheduler=llm.scheduler,
         )
 
@@ -1064,7 +1408,7 @@ def inprocess_engine(llm: FakeAsyncLLM) -> VllmEngine:
 
 
 def remote_engine(server: FakeVllmServer, **options: Any) -> RemoteVllmEngine:
-    """A ``RemoteVllmEngine`` (not started) for ``server`` and its LLM's publisher."""
+    """A ``RemoteVllmEngine`` (not started) for ``server`` and its LLM's (rank 0's) publisher."""
     llm = server.llm
     publisher = llm.publisher
     return RemoteVllmEngine(

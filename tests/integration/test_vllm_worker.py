@@ -95,6 +95,9 @@ class Sink:
     async def progress(self) -> None:
         return
 
+    async def kv_pulled(self, request_id: str, pulled_blocks: int) -> None:
+        return
+
     def tokens(self, request_id: str, choice: int = 0) -> list[int]:
         return [
             t

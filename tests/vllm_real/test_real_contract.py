@@ -25,6 +25,7 @@ vllm = pytest.importorskip("vllm")
 
 from services.mocker.service import ModelInfo  # noqa: E402
 from services.vllm_worker.engine import VllmEngine, VllmHandle  # noqa: E402
+from services.vllm_worker.kv_endpoints import KvSource  # noqa: E402
 from services.vllm_worker.loader import make_sampling_params  # noqa: E402
 from shared.subjects import Subjects  # noqa: E402
 from tests.contract.engine_contract import (  # noqa: E402
@@ -70,9 +71,13 @@ async def _vllm(nats_url: str, subjects: Subjects, model: ModelInfo) -> AsyncIte
             client=llm,
             facts=llm.facts(),
             make_sampling_params=make_sampling_params,
-            kv_endpoint=publisher.endpoint,
-            kv_replay_endpoint=publisher.replay_endpoint,
-            kv_topic=publisher.topic,
+            kv_sources=(
+                KvSource(
+                    endpoint=publisher.endpoint,
+                    replay_endpoint=publisher.replay_endpoint,
+                    topic=publisher.topic,
+                ),
+            ),
             scheduler=llm.scheduler,
         )
 

@@ -185,3 +185,20 @@ def test_sampling_kwargs_build_a_real_sampling_params(sampling: SamplingParams) 
     assert list(params.stop_token_ids or ()) == list(sampling.stop_token_ids)
     if sampling.guided is not None:
         assert params.structured_outputs is not None
+
+
+def test_phase_kwargs_build_a_real_sampling_params() -> None:
+    """A prefill's and a decode's ``kv_transfer_params`` reach ``SamplingParams.extra_args``,
+    where vLLM's ``Request`` reads them (``Request.kv_transfer_params``)."""
+    from services.vllm_worker.loader import make_sampling_params
+    from services.vllm_worker.sampling import PREFILL_KV_TRANSFER_PARAMS
+
+    sampling = SamplingParams(max_tokens=20, min_tokens=2)
+    prefill = make_sampling_params(engine_kwargs(sampling, phase="prefill"))
+    assert prefill.max_tokens == 1
+    assert prefill.min_tokens == 0
+    assert prefill.extra_args == {"kv_transfer_params": PREFILL_KV_TRANSFER_PARAMS}
+    handed = {"do_remote_prefill": True, "remote_block_ids": [1], "remote_engine_id": "e"}
+    decode = make_sampling_params(engine_kwargs(sampling, phase="decode", kv_transfer=handed))
+    assert decode.max_tokens == 20
+    assert decode.extra_args == {"kv_transfer_params": handed}
