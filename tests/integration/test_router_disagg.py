@@ -1,0 +1,140 @@
+"""A router with a prefill and a decode mocker on a real nats-server (issue 24): the router
+sends the prefill phase, waits for ``PrefillResult``, sends the decode phase; the stream names
+both workers; a prefill worker gone since its heartbeat is bounced off and the prefill is done
+by another one; a query-only request reaches no worker."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from nats.aio.client import Client
+
+from services.mocker.service import Mocker, ModelInfo
+from shared import codec
+from shared.messages import (
+    Generate,
+    RouteChoice,
+    RouteDecision,
+    RoutingHints,
+    SamplingParams,
+    TokenBatch,
+)
+from shared.subjects import Subjects
+from tests.integration.test_router_mocker import (
+    MODEL,
+    Stream,
+    running_mocker,
+    running_router,
+)
+
+PROMPT = tuple(range(300, 300 + 16 * 12))  # 12 full blocks
+HANG_S = 30.0
+
+
+async def _send(
+    nc: Client, subjects: Subjects, stream: Stream, routing: RoutingHints | None = None
+) -> None:
+    gen = Generate(
+        request_id=stream.request_id,
+        model=MODEL,
+        token_ids=PROMPT,
+        sampling=SamplingParams(max_tokens=16, ignore_eos=True),
+        stream_to=stream.subject,
+        routing=routing,
+    )
+    await nc.publish(subjects.route, codec.encode(gen), reply=stream.subject)
+
+
+class Decisions:
+    def __init__(self) -> None:
+        self.seen: list[RouteDecision] = []
+
+    async def on(self, msg: Any) -> None:
+        self.seen.append(codec.decode(msg.data, RouteDecision))
+
+
+async def test_both_phases_run_and_the_stream_names_both_workers(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    decisions = Decisions()
+    await nc.subscribe(subjects.decisions, cb=decisions.on)
+    async with (
+        running_mocker(nats_url, subjects, model_info, worker_id="pw", role="prefill"),
+        running_mocker(nats_url, subjects, model_info, worker_id="dw", role="decode"),
+        running_router(nats_url, subjects, router_mode="kv"),
+        Stream(nc, subjects) as stream,
+    ):
+        await _send(nc, subjects, stream)
+        batches = await stream.until_finished(HANG_S)
+    assert sum(len(b.token_ids) for b in batches) == 16
+    first = batches[0]
+    assert (first.worker_id, first.prefill_worker_id) == ("dw", "pw")
+    # the decode worker pulled the prompt's blocks: it prefilled at most the partial tail
+    assert first.cached_tokens >= len(PROMPT) - 16
+    decision = decisions.seen[0]
+    assert (decision.disagg, decision.prefill_worker_id, decision.worker_id) == (
+        "remote",
+        "pw",
+        "dw",
+    )
+
+
+async def test_a_prefill_worker_gone_since_its_heartbeat_is_replaced(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    decisions = Decisions()
+    await nc.subscribe(subjects.decisions, cb=decisions.on)
+    async with (
+        running_mocker(nats_url, subjects, model_info, worker_id="pw1", role="prefill") as pw1,
+        running_mocker(nats_url, subjects, model_info, worker_id="pw2", role="prefill"),
+        running_mocker(nats_url, subjects, model_info, worker_id="dw", role="decode"),
+        running_router(nats_url, subjects, router_mode="kv"),
+    ):
+        async with Stream(nc, subjects) as warm:  # the prompt is cached on pw1 now
+            await _send(nc, subjects, warm, RoutingHints(prefill_worker_id="pw1"))
+            await warm.until_finished(HANG_S)
+        await _vanish(pw1)  # its card stays live until its TTL: the router still picks it
+        async with Stream(nc, subjects) as stream:
+            await _send(nc, subjects, stream)
+            batches = await stream.until_finished(HANG_S)
+    assert batches[0].prefill_worker_id == "pw2"
+    assert sum(len(b.token_ids) for b in batches) == 16
+    tried = [d.prefill_worker_id for d in decisions.seen if d.request_id == stream.request_id]
+    assert tried == ["pw1", "pw2"]
+
+
+async def _vanish(mocker: Mocker) -> None:
+    """Unsubscribe the mocker's workers from the bus without deregistering (a process whose
+    card outlives it)."""
+    for worker in mocker.workers:
+        for sub in worker._subs:
+            await sub.unsubscribe()
+    await asyncio.sleep(0.1)
+
+
+async def test_query_only_answers_and_reaches_no_worker(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    reached: list[str] = []
+
+    async def on_generate(msg: Any) -> None:
+        reached.append(codec.decode(msg.data, Generate).request_id)
+
+    await nc.subscribe(subjects.generate("*"), cb=on_generate)
+    async with (
+        running_mocker(nats_url, subjects, model_info, worker_id="pw", role="prefill"),
+        running_mocker(nats_url, subjects, model_info, worker_id="dw", role="decode"),
+        running_router(nats_url, subjects, router_mode="kv"),
+        Stream(nc, subjects) as stream,
+    ):
+        await _send(nc, subjects, stream, RoutingHints(query_only=True))
+        answer = await stream.next(HANG_S)
+        async with Stream(nc, subjects) as real:  # a real request after it does reach one
+            await _send(nc, subjects, real)
+            assert isinstance((await real.next(HANG_S)), TokenBatch)
+    assert isinstance(answer, RouteChoice)
+    assert (answer.worker_id, answer.prefill_worker_id) == ("dw", "pw")
+    assert answer.token_ids == PROMPT
+    assert stream.request_id not in reached
+    assert real.request_id in reached
