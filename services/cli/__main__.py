@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from services.cli import nats_config, tap
-from services.cli.config import UpPlan, add_up_options, up_plan
+from services.cli.config import UpConfig, UpPlan, add_up_options, up_plan
 from services.cli.launcher import supervise
 from services.cli.secure import TAP_USER
 from services.cli.stack import UP_LINE, Stack, StackConfig, StackError
@@ -23,6 +23,8 @@ Every setting of a service is a flag here too, prefixed with the service's name:
 --kv-overlap-score-weight is --router-kv-overlap-score-weight, the mocker's --speedup-ratio is
 --mocker-speedup-ratio. Services also read their own env vars, which this command passes on.
 The temp run dir is removed after a clean exit unless --keep-run-dir.
+Disaggregated serving: --workers 0 --prefill-workers 2 --decode-workers 2, with the router's
+--router-conditional-disagg and --router-enforce-disagg (docs/operations.md).
 """
 
 
@@ -55,6 +57,9 @@ def stack_config(plan: UpPlan, model_path: Path) -> StackConfig:
         nats_url=up.nats_url or None,
         namespace=str(plan.common["namespace"]),
         workers=up.workers,
+        prefill_workers=up.prefill_workers,
+        decode_workers=up.decode_workers,
+        data_parallel_size=up.data_parallel_size,
         engine=up.engine,
         mocker_args=up.worker_args,
         routers=up.routers,
@@ -74,6 +79,21 @@ def stack_config(plan: UpPlan, model_path: Path) -> StackConfig:
         extra_env=plan.nats_env(),
         secure=up.secure,
     )
+
+
+def _workers_text(up: UpConfig) -> str:
+    """``2 mocker workers``; with roles ``1 aggregated + 2 prefill + 2 decode mocker workers``;
+    ``, 2 data-parallel ranks each`` when there are more than one."""
+    counts = up.worker_counts()
+    if set(counts) == {"both"}:
+        text = f"{up.workers} {up.engine} workers"
+    else:
+        names = {"both": "aggregated", "prefill": "prefill", "decode": "decode"}
+        parts = " + ".join(f"{n} {names[role]}" for role, n in counts.items())
+        text = f"{parts} {up.engine} workers"
+    if up.data_parallel_size > 1:
+        text += f", {up.data_parallel_size} data-parallel ranks each"
+    return text
 
 
 def _up(plan: UpPlan) -> int:
@@ -106,7 +126,7 @@ def _up(plan: UpPlan) -> int:
     replicas = "".join(f", {n} {name}s" for name, n in stages.items() if n > 1)
     print(
         f"{UP_LINE}{stack.base_url}/v1 and gRPC (KServe v2) {stack.grpc_address}  "
-        f"(model {up.model_name}, {up.workers} {up.engine} workers{tensors}{replicas}, "
+        f"(model {up.model_name}, {_workers_text(up)}{tensors}{replicas}, "
         f"NATS {stack.nats_url})"
     )
     removed = "" if up.keep_run_dir or not stack.owns_run_dir else " (removed on a clean exit)"

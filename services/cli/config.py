@@ -29,12 +29,15 @@ SERVICES = ("gateway", "preprocessor", "router", "formatter", "mocker", "embedde
 """Every service ``jetserve up`` runs, in request-path order."""
 LAUNCHER_OWNED: dict[str, frozenset[str]] = {
     "gateway": frozenset({"http_host", "http_port", "grpc_port"}),
-    "mocker": frozenset({"model_path", "model_name"}),
+    "mocker": frozenset({"model_path", "model_name", "role", "data_parallel_size"}),
     "embedder": frozenset({"model_name"}),
 }
 """Service settings that ``jetserve up`` sets from its own flags (not passed through)."""
 WORKER_ENGINES = {"mocker": "mocker", "hf": "hf_worker", "vllm": "vllm_worker"}
 """``jetserve up --engine`` → the worker service (``python -m services.<name>``)."""
+DISAGG_ENGINES = frozenset({"mocker", "vllm"})
+"""Engines whose workers run as prefill or decode workers and with data-parallel ranks (the hf
+worker moves no KV between workers and runs one rank)."""
 NATS_AUTH = ("nats_creds", "nats_nkey_seed", "nats_tls_ca", "nats_tls_cert", "nats_tls_key")
 """How every process signs in to a NATS server of yours (``--nats-url``)."""
 UP_COMMON = ("namespace", "log_level", "log_format", *NATS_AUTH)
@@ -62,7 +65,30 @@ class UpConfig:
         "processes, each with its own NKey and only its role's subjects (seeds in "
         "<run dir>/nats-auth, tap.nk for jetserve tap)",
     )
-    workers: int = setting(2, "Worker processes (of the engine --engine names)", ge=1)
+    workers: int = setting(
+        2,
+        "Aggregated worker processes (of the engine --engine names; each prefills and decodes "
+        "its own requests); 0 with --decode-workers: a fully disaggregated stack",
+        ge=0,
+    )
+    prefill_workers: int = setting(
+        0,
+        "Prefill worker processes (--role prefill): they compute prompts' KV for decode "
+        "workers; needs --decode-workers or --workers",
+        ge=0,
+    )
+    decode_workers: int = setting(
+        0,
+        "Decode worker processes (--role decode): they decode requests whose KV a prefill "
+        "worker computed (and prefill themselves when no prefill worker lives)",
+        ge=0,
+    )
+    data_parallel_size: int = setting(
+        1,
+        "Data-parallel ranks per worker process (every role): each rank is a routing target "
+        "with its own KV cache",
+        ge=1,
+    )
     engine: str = setting(
         "mocker",
         "The workers' engine: mocker (simulated GPU), hf (transformers: real forward passes; "
@@ -124,6 +150,32 @@ class UpConfig:
 
     def __post_init__(self) -> None:
         settings_of(UpConfig).check(self)
+        if self.workers == 0 and self.decode_workers == 0:
+            if self.prefill_workers:
+                raise ValueError(
+                    f"--prefill-workers {self.prefill_workers} needs workers that decode: add "
+                    "--decode-workers N, or --workers N (aggregated)"
+                )
+            raise ValueError(
+                "--workers 0 leaves no worker to serve the model: give --workers N "
+                "(aggregated) or --decode-workers N"
+            )
+        disaggregated = self.prefill_workers or self.decode_workers
+        if self.engine not in DISAGG_ENGINES and (disaggregated or self.data_parallel_size > 1):
+            raise ValueError(
+                f"--engine {self.engine} runs aggregated single-rank workers only: "
+                "--prefill-workers, --decode-workers and --data-parallel-size need --engine "
+                f"{' or '.join(sorted(DISAGG_ENGINES))}"
+            )
+
+    def worker_counts(self) -> dict[str, int]:
+        """Worker processes by role (``both``: aggregated), those asked for only."""
+        counts = {
+            "both": self.workers,
+            "prefill": self.prefill_workers,
+            "decode": self.decode_workers,
+        }
+        return {role: n for role, n in counts.items() if n}
 
 
 def up_settings() -> Settings:

@@ -166,6 +166,13 @@ class StackConfig:
     nats_url: str | None = None
     namespace: str = "jetserve"
     workers: int = 2
+    """Aggregated workers (``--role both``), ``<service>-<i>``."""
+    prefill_workers: int = 0
+    """Prefill workers (``--role prefill``), ``<service>-prefill-<i>``."""
+    decode_workers: int = 0
+    """Decode workers (``--role decode``), ``<service>-decode-<i>``."""
+    data_parallel_size: int = 1
+    """``--data-parallel-size`` of every worker, whatever its role."""
     engine: str = "mocker"
     """The workers' engine (``WORKER_ENGINES``): ``mocker``, ``hf`` or ``vllm``."""
     routers: int = 1
@@ -282,8 +289,9 @@ class Stack:
         """Every service process to start, in start order, as ``(name, command)``.
 
         One process of a stage keeps the stage's name (``router``); more are ``router-0``,
-        ``router-1``…; workers are always ``<service>-<i>`` (``mocker-0``,
-        ``hf_worker-0``). nats-server is not in the plan.
+        ``router-1``…; workers are always numbered: aggregated ones ``<service>-<i>``
+        (``mocker-0``, ``hf_worker-0``), prefill and decode ones ``<service>-prefill-<i>`` and
+        ``<service>-decode-<i>``, each started with its ``--role``. nats-server is not in the plan.
         """
         cfg = self.config
         plan: list[tuple[str, list[str]]] = []
@@ -300,7 +308,19 @@ class Stack:
         ):
             plan += self._replicas(service, count, args, numbered=count > 1)
         worker = WORKER_ENGINES[cfg.engine]
-        plan += self._replicas(worker, cfg.workers, mocker_args, numbered=True)
+        first = 0  # a worker's replica number, for its --metrics-port, across every role
+        for role, count in (
+            ("both", cfg.workers),
+            ("prefill", cfg.prefill_workers),
+            ("decode", cfg.decode_workers),
+        ):
+            # before --worker-args: a flag given there wins
+            own = ["--role", role, "--data-parallel-size", str(cfg.data_parallel_size)]
+            label = "" if role == "both" else role
+            plan += self._replicas(
+                worker, count, [*own, *mocker_args], numbered=True, label=label, first=first
+            )
+            first += count
         plan += self._replicas("echo_tensor", cfg.tensor_workers, [], numbered=True)
         embedder_args = (
             ["--model-name", cfg.embedding_model_name] if cfg.embedding_model_name else []
@@ -312,17 +332,27 @@ class Stack:
         return plan
 
     def _replicas(
-        self, service: str, count: int, args: list[str], *, numbered: bool = False
+        self,
+        service: str,
+        count: int,
+        args: list[str],
+        *,
+        numbered: bool = False,
+        label: str = "",
+        first: int = 0,
     ) -> list[tuple[str, list[str]]]:
-        """``count`` processes of ``service``, named ``service-<i>`` when ``numbered``; with
+        """``count`` processes of ``service``, named ``service-<i>`` (``service-<label>-<i>``)
+        when ``numbered``; ``first``: the first one's replica number (``replica_args``). With
         ``secure``, a worker's id is its process name (its NATS user may act for no other)."""
         extra = self.config.service_args.get(service, [])
+        stem = f"{service}-{label}" if label else service
         out = []
         for i in range(count):
-            name = f"{service}-{i}" if numbered else service
+            name = f"{stem}-{i}" if numbered else service
             own = ["--worker-id", name] if self.config.secure and service in WORKERS else []
             module = f"services.{service}"
-            out.append((name, [sys.executable, "-m", module, *args, *own, *replica_args(extra, i)]))
+            tail = replica_args(extra, first + i)
+            out.append((name, [sys.executable, "-m", module, *args, *own, *tail]))
         return out
 
     def _start_nats(self, port: int, conf: Path | None = None) -> None:
@@ -409,7 +439,8 @@ class Stack:
         deadline = time.monotonic() + timeout_s
         url = f"{self.base_url}/health"
         cfg = self.config
-        expected = sum(1 for n in (cfg.workers, cfg.embedders, cfg.tensor_workers) if n > 0)
+        llm_workers = cfg.workers + cfg.prefill_workers + cfg.decode_workers
+        expected = sum(1 for n in (llm_workers, cfg.embedders, cfg.tensor_workers) if n > 0)
         expected += 2 if cfg.media_workers > 0 else 0  # an image and a video model
         while time.monotonic() < deadline:
             self._check_alive()

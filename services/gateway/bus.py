@@ -56,6 +56,7 @@ from shared.messages import (
     TensorInfer,
     TensorResult,
     TokenCount,
+    WorkerCard,
 )
 from shared.metrics import ServiceMetrics
 from shared.recent import RecentIds
@@ -334,6 +335,10 @@ class GatewayBus:
     def live_models(self) -> list[str]:
         """Models with at least one live worker, sorted."""
         return sorted(self._directory.models()) if self._directory else []
+
+    def live_workers(self, model: str) -> list[WorkerCard]:
+        """The live workers' cards of ``model`` (no I/O; empty before ``start``)."""
+        return list(self._directory.live(model)) if self._directory else []
 
     def is_live(self, model: str) -> bool:
         """Whether ``model`` has a live worker right now (no I/O)."""

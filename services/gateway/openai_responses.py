@@ -10,11 +10,24 @@ from typing import Literal
 import msgspec
 
 
+class ModelWorkers(msgspec.Struct, kw_only=True):
+    """``/v1/models``' extension ``jetserve``: who serves the model right now."""
+
+    workers: dict[str, int]
+    """Live workers by role, every role named: ``{"both": 0, "prefill": 2, "decode": 2}``
+    (``both``: aggregated; ``prefill`` and ``decode``: disaggregated serving)."""
+    dp_ranks: int
+    """Data-parallel ranks of those workers together: the routing targets (a worker with
+    ``--data-parallel-size 2`` counts two)."""
+
+
 class Model(msgspec.Struct, kw_only=True):
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str
+    jetserve: ModelWorkers
+    """JetServe's extension: the model's live workers by role and their data-parallel ranks."""
 
 
 class ModelList(msgspec.Struct, kw_only=True):

@@ -7,18 +7,31 @@ injected per request. The two inference endpoints are not here: ``relay.py`` ser
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 from litestar import Request, Response, get
 from litestar.handlers import HTTPRouteHandler
 
+from services.gateway import openai_responses as out
 from services.gateway.bus import GatewayBus
 from services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from services.gateway.openapi import DOCS_PATH, swagger_page
 from services.gateway.relay import Readiness
+from shared.messages import WORKER_ROLES, WorkerCard
 
 JSON = "application/json"
+
+
+def model_workers(cards: Iterable[WorkerCard]) -> out.ModelWorkers:
+    """``/v1/models``' ``jetserve`` extension of one model from its live workers' cards."""
+    workers: dict[str, int] = dict.fromkeys(WORKER_ROLES, 0)
+    ranks = 0
+    for card in cards:
+        workers[card.role] += 1
+        ranks += card.dp_size
+    return out.ModelWorkers(workers=workers, dp_ranks=ranks)
 
 
 def build_routes(
@@ -33,10 +46,9 @@ def build_routes(
         for model in bus.live_models():
             card = await bus.model_card(model)
             created = card.created if card and card.created else started_at
-            data.append(
-                {"id": model, "object": "model", "created": created, "owned_by": "jetserve"}
-            )
-        return Response(msgspec.json.encode({"object": "list", "data": data}), media_type=JSON)
+            workers = model_workers(bus.live_workers(model))
+            data.append(out.Model(id=model, created=created, owned_by="jetserve", jetserve=workers))
+        return Response(msgspec.json.encode(out.ModelList(data=data)), media_type=JSON)
 
     @get("/health", include_in_schema=False)
     async def health() -> Response[bytes]:

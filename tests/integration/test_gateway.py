@@ -340,6 +340,10 @@ async def test_models_lists_the_model_with_a_live_worker(
 ) -> None:
     models = [m async for m in client.models.list()]
     assert [(m.id, m.object, m.owned_by) for m in models] == [(MODEL, "model", "jetserve")]
+    assert (models[0].model_extra or {})["jetserve"] == {
+        "workers": {"prefill": 0, "decode": 0, "both": 1},
+        "dp_ranks": 1,
+    }
 
 
 async def test_health_is_ok_once_a_model_is_live(

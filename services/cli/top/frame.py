@@ -29,6 +29,10 @@ class WorkerRow:
     model: str
     """Empty when no card was seen (the worker sent load or tokens but is not registered)."""
     is_live: bool
+    role: str
+    """The card's role (``prefill``, ``decode``, ``both``); empty without a card."""
+    dp_size: int
+    """The card's data-parallel ranks (1 without a card)."""
     running: int | None
     waiting: int | None
     kv_used: int | None
@@ -208,6 +212,8 @@ def _worker(
         worker_id=worker_id,
         model=card.model if card is not None else "",
         is_live=card is not None,
+        role=card.role if card is not None else "",
+        dp_size=card.dp_size if card is not None else 1,
         running=figure(load.active if load else None, "active_requests"),
         waiting=figure(load.waiting if load else None, "waiting_requests"),
         kv_used=figure(load.kv_used_blocks if load else None, "kv_blocks_used"),

@@ -103,16 +103,25 @@ def _models(rows: Sequence[ModelRow]) -> RenderableType:
 
 
 def _workers(rows: Sequence[WorkerRow]) -> RenderableType:
-    table = _table("Workers", ["worker", "model", *LOAD_COLUMNS, "done/s", "KV ev/s"])
+    table = _table("Workers", ["worker", "model", "role", *LOAD_COLUMNS, "done/s", "KV ev/s"])
     for w in rows:
         table.add_row(
             w.worker_id if w.is_live else f"{w.worker_id} (no card)",
             w.model or NONE,
+            _role(w),
             *_load(w),
             _num(w.finished_per_s, True),
             _num(w.kv_events_per_s, True),
         )
     return table
+
+
+def _role(w: WorkerRow) -> str:
+    """``prefill``, ``decode`` or ``both``, with ``dp N`` for a worker of N > 1 data-parallel
+    ranks (``decode dp 2``); ``-`` without a card."""
+    if not w.role:
+        return NONE
+    return f"{w.role} dp {w.dp_size}" if w.dp_size > 1 else w.role
 
 
 def _routers(rows: Sequence[RouterRow]) -> RenderableType:

@@ -70,7 +70,7 @@ class TestDecode:
         assert "type" not in fields
         assert fields["events"][0]["type"] == "BlockStored"
         assert fields["events"][0]["block_hashes"] == [7, 8]
-        assert fields["events"][1] == {"type": "AllBlocksCleared"}
+        assert fields["events"][1] == {"type": "AllBlocksCleared", "dp_rank": 0}
 
     def test_response_chunk_bytes_are_shown_as_text(self) -> None:
         chunk = ResponseChunk(request_id="r", data=b"data: [DONE]\n\n", done=True)

@@ -226,3 +226,26 @@ class TestView:
         cells = re.split(r"\s{2,}", lines[header + 2].strip())
         assert len(cells) == len(names)
         assert dict(zip(names, cells, strict=True))["requests"] == "4"
+
+    def test_workers_show_their_role_and_data_parallel_ranks(self) -> None:
+        cards = {
+            "agg": WorkerCard(worker_id="agg", model=MODEL),
+            "pre": WorkerCard(worker_id="pre", model=MODEL, role="prefill"),
+            "dec": WorkerCard(worker_id="dec", model=MODEL, role="decode", dp_size=2),
+        }
+        events = BusEvents()
+        events.on_load(WorkerLoad(worker_id="ghost", active=1), 9.0)  # load, but no card
+        frame = build_frame(events, cards, {}, now=10.0, started_at=0.0, window_s=2.0)
+        lines = self._text(frame).splitlines()
+        header = next(i for i, line in enumerate(lines) if line.strip().startswith("worker "))
+        names = re.split(r"\s{2,}", lines[header].strip())
+        roles = {}
+        for line in lines[header + 2 : header + 6]:
+            cells = dict(zip(names, re.split(r"\s{2,}", line.strip()), strict=True))
+            roles[cells["worker"]] = cells["role"]
+        assert roles == {
+            "agg": "both",
+            "dec": "decode dp 2",
+            "ghost (no card)": "-",
+            "pre": "prefill",
+        }

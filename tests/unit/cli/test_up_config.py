@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import fields
 from pathlib import Path
 
@@ -40,7 +41,8 @@ def test_defaults() -> None:
 
 EVERY_OPTION = (
     *("--http-host", "0.0.0.0", "--http-port", "9000", "--grpc-port", "9001"),
-    *("--nats-port", "4333", "--workers", "3", "--engine", "hf", "--worker-args", "--seed 3"),
+    *("--nats-port", "4333", "--workers", "3", "--engine", "vllm", "--worker-args", "--seed 3"),
+    *("--prefill-workers", "2", "--decode-workers", "2", "--data-parallel-size", "2"),
     *("--routers", "2", "--formatters", "2", "--preprocessors", "2", "--tensor-workers", "1"),
     *("--embedders", "2", "--embedding-model-name", "emb", "--media-workers", "1"),
     *("--model-name", "m", "--log-to-terminal", "--secure"),
@@ -142,8 +144,8 @@ def test_bad_values_are_usage_errors_naming_the_flag(capsys: pytest.CaptureFixtu
         build_parser().parse_args(["up", "--router-busy-status", "500"])
     assert "--router-busy-status" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["up", "--workers", "0"])
-    assert "argument --workers: must be >= 1, got 0" in capsys.readouterr().err
+        build_parser().parse_args(["up", "--workers", "-1"])
+    assert "argument --workers: must be >= 0, got -1" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--workers"):
         UpConfig(workers=0)
 
@@ -246,3 +248,105 @@ def test_a_single_worker_flag_is_given_with_an_equals_sign(tmp_path: Path) -> No
     options)."""
     given = stack_config(plan("--worker-args=--enforce-eager"), tmp_path)
     assert given.mocker_args == "--enforce-eager"
+
+
+# --- disaggregated serving: workers by role -----------------------------------------------------
+
+
+def _workers(stack: Stack) -> dict[str, list[str]]:
+    """The planned worker processes' commands, by name."""
+    return {name: cmd for name, cmd in stack.plan() if cmd[2] == "services.mocker"}
+
+
+def _flag(cmd: list[str], flag: str) -> str:
+    """The last value ``cmd`` gives ``flag`` (the one the service takes)."""
+    return [b for a, b in itertools.pairwise(cmd) if a == flag][-1]
+
+
+def test_prefill_and_decode_workers_are_processes_of_their_own_with_their_role(
+    tmp_path: Path,
+) -> None:
+    given = plan(
+        *("--workers", "1", "--prefill-workers", "2", "--decode-workers", "1"),
+        *("--data-parallel-size", "2", "--mocker-metrics-port", "9200"),
+    )
+    workers = _workers(Stack(stack_config(given, tmp_path)))
+    assert {name: _flag(cmd, "--role") for name, cmd in workers.items()} == {
+        "mocker-0": "both",
+        "mocker-prefill-0": "prefill",
+        "mocker-prefill-1": "prefill",
+        "mocker-decode-0": "decode",
+    }
+    assert {_flag(cmd, "--data-parallel-size") for cmd in workers.values()} == {"2"}
+    ports = sorted(_flag(cmd, "--metrics-port") for cmd in workers.values())
+    assert ports == ["9200", "9201", "9202", "9203"]  # one port each, whatever the role
+
+
+def test_a_fully_disaggregated_stack_has_no_aggregated_worker(tmp_path: Path) -> None:
+    given = plan("--workers", "0", "--prefill-workers", "2", "--decode-workers", "2")
+    assert sorted(_workers(Stack(stack_config(given, tmp_path)))) == [
+        *("mocker-decode-0", "mocker-decode-1", "mocker-prefill-0", "mocker-prefill-1")
+    ]
+
+
+def test_aggregated_workers_say_their_role_and_the_worker_args_come_after_it(
+    tmp_path: Path,
+) -> None:
+    """The role is the launcher's (``--mocker-role`` is no flag); a ``--worker-args`` flag, given
+    later on the command line, still wins."""
+    workers = _workers(Stack(stack_config(plan("--worker-args", "--seed 3"), tmp_path)))
+    for cmd in workers.values():
+        i = cmd.index("--role")
+        assert cmd[i : i + 4] == ["--role", "both", "--data-parallel-size", "1"]
+        assert cmd.index("--seed") > i
+    assert "--mocker-role" not in {p.flag for p in pass_through()}
+    assert "--mocker-data-parallel-size" not in {p.flag for p in pass_through()}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--workers", "0"], "--workers 0 leaves no worker to serve the model"),
+        (["--workers", "0", "--prefill-workers", "2"], "--prefill-workers 2 needs workers that"),
+        (["--engine", "hf", "--decode-workers", "1"], "--engine hf runs aggregated single-rank"),
+        (["--engine", "hf", "--data-parallel-size", "2"], "need --engine mocker or vllm"),
+    ],
+)
+def test_a_stack_that_cannot_serve_is_refused(argv: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        plan(*argv)
+
+
+def test_a_decode_only_stack_and_prefill_beside_aggregated_workers_are_valid() -> None:
+    assert plan("--workers", "0", "--decode-workers", "1").up.worker_counts() == {"decode": 1}
+    both = plan("--prefill-workers", "1").up.worker_counts()
+    assert both == {"both": 2, "prefill": 1}
+
+
+def test_worker_counts_come_from_env_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JETSERVE_UP_PREFILL_WORKERS", "3")
+    monkeypatch.setenv("JETSERVE_UP_DECODE_WORKERS", "2")
+    monkeypatch.setenv("JETSERVE_UP_DATA_PARALLEL_SIZE", "4")
+    up = plan("--workers", "0").up
+    assert (up.prefill_workers, up.decode_workers, up.data_parallel_size) == (3, 2, 4)
+
+
+def test_the_routers_disaggregation_settings_pass_through() -> None:
+    result = plan(
+        *("--router-conditional-disagg", "--router-enforce-disagg"),
+        *("--router-disagg-min-prefill-tokens", "64", "--router-disagg-local-overlap", "0.25"),
+        *("--router-prefill-timeout-s", "5"),
+    )
+    assert result.service_args["router"] == [
+        *("--router-conditional-disagg", "--disagg-min-prefill-tokens", "64"),
+        *("--disagg-local-overlap", "0.25", "--enforce-disagg", "--prefill-timeout-s", "5.0"),
+    ]
+
+
+def test_the_vllm_engine_gets_the_role_too(tmp_path: Path) -> None:
+    given = plan(
+        *("--engine", "vllm", "--workers", "0", "--prefill-workers", "1", "--decode-workers", "1")
+    )
+    commands = dict(Stack(stack_config(given, tmp_path)).plan())
+    assert _flag(commands["vllm_worker-prefill-0"], "--role") == "prefill"
+    assert _flag(commands["vllm_worker-decode-0"], "--role") == "decode"

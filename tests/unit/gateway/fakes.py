@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.gateway.bus import Inbox, Reply, ReplyItem
-from shared.messages import ModelCard, Preprocess, TensorInfer
+from shared.messages import ModelCard, Preprocess, TensorInfer, WorkerCard
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -28,6 +28,8 @@ class FakeBus:
         """Cards by model; any other model gets an LLM card."""
         self.workers = ["t1"]
         """The live workers ``workers_in_turn`` gives (tensor models)."""
+        self.cards_of_workers: list[WorkerCard] = [WorkerCard(worker_id="w1", model="m")]
+        """What ``live_workers`` gives (``/v1/models``' ``jetserve`` extension)."""
         self.tensor_sent: list[tuple[TensorInfer, str]] = []
         self.tensor_scripts: list[list[ReplyItem]] = []
         """One script per tensor submit, in order (else ``script``)."""
@@ -50,6 +52,9 @@ class FakeBus:
 
     def is_live(self, model: str) -> bool:
         return True
+
+    def live_workers(self, model: str) -> list[WorkerCard]:
+        return [card for card in self.cards_of_workers if card.model == model]
 
     def workers_in_turn(self, model: str) -> list[str]:
         return list(self.workers)
