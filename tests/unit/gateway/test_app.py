@@ -11,6 +11,7 @@ from litestar.testing import AsyncTestClient
 from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
 from services.gateway.relay import Readiness
+from shared.messages import WorkerCard
 from tests.unit.gateway.fakes import CHAT, FakeBus
 
 
@@ -52,7 +53,32 @@ async def test_models_use_the_model_card_created_time(http: AsyncTestClient[Any]
     response = await http.get("/v1/models")
     assert response.json() == {
         "object": "list",
-        "data": [{"id": "m", "object": "model", "created": 123, "owned_by": "jetserve"}],
+        "data": [
+            {
+                "id": "m",
+                "object": "model",
+                "created": 123,
+                "owned_by": "jetserve",
+                "jetserve": {"workers": {"prefill": 0, "decode": 0, "both": 1}, "dp_ranks": 1},
+            }
+        ],
+    }
+
+
+async def test_models_count_their_live_workers_by_role_and_data_parallel_ranks(
+    bus: FakeBus, http: AsyncTestClient[Any]
+) -> None:
+    bus.cards_of_workers = [
+        WorkerCard(worker_id="a", model="m"),
+        WorkerCard(worker_id="p1", model="m", role="prefill"),
+        WorkerCard(worker_id="p2", model="m", role="prefill", dp_size=2),
+        WorkerCard(worker_id="d1", model="m", role="decode", dp_size=4),
+        WorkerCard(worker_id="other", model="n", role="decode"),
+    ]
+    (model,) = (await http.get("/v1/models")).json()["data"]
+    assert model["jetserve"] == {
+        "workers": {"both": 1, "prefill": 2, "decode": 1},
+        "dp_ranks": 1 + 1 + 2 + 4,
     }
 
 
