@@ -1,6 +1,6 @@
 """The per-hop latency budget of a concurrency-1 request (issue 13).
 
-    python -m bench.hops [--requests 200] [--router-mode round-robin|kv] [--out FILE]
+    python -m bench.hops [--requests 200] [--router-mode round-robin|kv] [--disagg] [--out FILE]
 
 Starts JetServe as ``bench.side_by_side`` does (``jetserve up``, 2 mocker workers, speedup 0,
 log level WARNING, the kit's model dir served as ``Qwen/Qwen3-0.6B`` when it is there), then
@@ -250,13 +250,17 @@ def save_raw(raw_dir: Path, seen_path: Path, sent: Sequence[hops_report.Sent]) -
     (raw_dir / "sent.jsonl").write_text("".join(lines))
 
 
+DISAGG_ARGS = ("--workers", "0", "--prefill-workers", "1", "--decode-workers", "1")
+
+
 def measure(args: argparse.Namespace, model_dir: Path, namespace: str) -> dict[str, Any]:
     """Start the stack; run unobserved, observed, unobserved again; stop it: the report."""
     n, max_tokens, words = args.requests, args.max_tokens, args.prompt_words
     phases: dict[str, Phase] = {}
     with tempfile.TemporaryDirectory(prefix="jetserve-hops-") as tmp:
         work = Path(tmp)
-        with jetserve_up(model_dir, work, args.model, args.router_mode) as running:
+        extra = DISAGG_ARGS if args.disagg else ()
+        with jetserve_up(model_dir, work, args.model, args.router_mode, extra) as running:
             nats_url = nats_url_of((work / "jetserve-up.log").read_text())
             named = stack_pids(running.pid_dir)
             pids = {**named, **running.pids}
@@ -283,6 +287,7 @@ def measure(args: argparse.Namespace, model_dir: Path, namespace: str) -> dict[s
     return {
         "bench": "hops",
         "router_mode": args.router_mode,
+        "disagg": args.disagg,
         "model": args.model,
         "namespace": namespace,
         "requests": n,
@@ -323,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=DEFAULT_MODEL_NAME)
     parser.add_argument("--pause-s", type=float, default=5.0, help="wait after ready / observer")
     parser.add_argument("--out", type=Path, help="also append the JSON line to this file")
+    parser.add_argument(
+        "--disagg",
+        action="store_true",
+        help="1 prefill + 1 decode worker instead of 2 aggregated ones (issue 24: what the "
+        "second routing phase costs)",
+    )
     parser.add_argument(
         "--raw-dir",
         type=Path,

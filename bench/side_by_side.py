@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -161,9 +161,14 @@ def dynamo_up(kit: Kit, work: Path, model_name: str) -> Iterator[Running]:
 
 
 def jetserve_argv(
-    model_dir: Path, model_name: str, run_dir: Path, router_mode: str = "round-robin"
+    model_dir: Path,
+    model_name: str,
+    run_dir: Path,
+    router_mode: str = "round-robin",
+    extra: Sequence[str] = (),
 ) -> list[str]:
-    """``jetserve up`` as a user types it, matched to the kit's set-up (a) and (b)."""
+    """``jetserve up`` as a user types it, matched to the kit's set-up (a) and (b) (``extra``:
+    more flags, which win over these)."""
     script = Path(sys.executable).with_name("jetserve")
     launcher = [str(script)] if script.exists() else [sys.executable, "-m", "services.cli"]
     return [
@@ -187,19 +192,24 @@ def jetserve_argv(
         "WARNING",
         "--run-dir",
         str(run_dir),
+        *extra,
     ]
 
 
 @contextlib.contextmanager
 def jetserve_up(
-    model_dir: Path, work: Path, model_name: str, router_mode: str = "round-robin"
+    model_dir: Path,
+    work: Path,
+    model_name: str,
+    router_mode: str = "round-robin",
+    extra: Sequence[str] = (),
 ) -> Iterator[Running]:
     """``jetserve up``, ready at its UP line; SIGINT to the launcher after, and wait."""
     run_dir = work / "jetserve"
     log_path = work / "jetserve-up.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            jetserve_argv(model_dir, model_name, run_dir, router_mode),
+            jetserve_argv(model_dir, model_name, run_dir, router_mode, extra),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

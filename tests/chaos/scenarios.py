@@ -142,6 +142,9 @@ class Scenario:
     its JSON line ``{"test": <name>, ...}`` is turned into this suite's."""
 
 
+DISAGG = Shape(workers=0, prefill_workers=2, decode_workers=2)
+"""Disaggregated serving (issue 24)."""
+
 SINGLE_KILL_NOTE = (
     "the issue sets no formatter target: the single-process rule, and a formatter holds every "
     "stream in flight"
@@ -182,6 +185,20 @@ SCENARIOS: tuple[Scenario, ...] = (
         note=DRAIN_NOTE,
     ),
     Scenario("sigterm-mocker-1-of-3", sigterm("mocker-0"), ZERO_FAILED, note=DRAIN_NOTE),
+    Scenario(
+        "sigkill-prefill-1-of-2",
+        sigkill("mocker-prefill-1"),
+        ZERO_FAILED,
+        DISAGG,
+        note="2 prefill + 2 decode workers: the prefill is done again on the other prefill worker",
+    ),
+    Scenario(
+        "sigkill-decode-1-of-2",
+        sigkill("mocker-decode-1"),
+        ZERO_FAILED,
+        DISAGG,
+        note="2 prefill + 2 decode workers: streams on the killed decode worker migrate",
+    ),
     Scenario("sigkill-nats-server", kill_nats, TYPED),
     Scenario("sigstop-nats-server-8s", pause_nats, TYPED),
     Scenario(

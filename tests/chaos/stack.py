@@ -76,16 +76,21 @@ class Shape:
     preprocessors: int = 1
     nats_nodes: int = 1
     """1: the launcher's private nats-server; 3: a ``cluster.LocalCluster`` the test starts."""
+    prefill_workers: int = 0
+    decode_workers: int = 0
+    """Disaggregated serving (issue 24): processes ``mocker-prefill-<i>``, ``mocker-decode-<i>``."""
 
     def describe(self) -> str:
         counts = {
             "mocker": self.workers,
+            "prefill mocker": self.prefill_workers,
+            "decode mocker": self.decode_workers,
             "router": self.routers,
             "formatter": self.formatters,
             "preprocessor": self.preprocessors,
             "NATS node": self.nats_nodes,
         }
-        return ", ".join(f"{n} {name}{'s' if n > 1 else ''}" for name, n in counts.items())
+        return ", ".join(f"{n} {name}{'s' if n > 1 else ''}" for name, n in counts.items() if n)
 
 
 class UpStack:
@@ -130,6 +135,8 @@ class UpStack:
             *self._nats_args(),
             *("--model-path", str(self.model_dir)),
             *("--workers", str(s.workers), "--routers", str(s.routers)),
+            *("--prefill-workers", str(s.prefill_workers)),
+            *("--decode-workers", str(s.decode_workers)),
             *("--formatters", str(s.formatters), "--preprocessors", str(s.preprocessors)),
             *("--mocker-speedup-ratio", "1", "--mocker-seed", "1"),
             *("--formatter-metrics-port", str(self.metrics_ports[0])),
