@@ -285,6 +285,10 @@ class KvTransfer(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     ``remote_host``, ``remote_port``; the mocker: its blocks and their size)."""
     expires_at: float = 0.0
     """Wall clock: the prefill worker frees the pinned blocks then, pulled or not."""
+    cached_tokens: int = 0
+    """Prompt tokens the prefill worker found in its prefix cache (set by the router from
+    ``PrefillResult``): what the decode worker reports as cached, the pulled blocks being
+    computed KV, not prefix-cache hits."""
 
 
 class PrefillResult(Message, frozen=True):

@@ -235,6 +235,8 @@ class Recovery:
         request_id = state.open.request_id
         with bound_contextvars(request_id=request_id):
             try:
+                if state.next_index == state.index_base:
+                    worker_id = await self._current_worker(state, worker_id)
                 is_held = await self._ask(request_id, worker_id, attempt)
             finally:
                 state.is_pinging = False
@@ -248,6 +250,24 @@ class Recovery:
                 return
             if isinstance(outcome, NotMigrated):  # it may just be slow: the idle timeout decides
                 log.warning("request_not_migrated", worker_id=worker_id, why=outcome.reason)
+
+    async def _current_worker(self, state: RequestFormatter, worker_id: str) -> str:
+        """Before a first token, the worker that holds the request can change: a disaggregated
+        request moves from its prefill worker to its decode worker (decision 024), so the
+        routers are asked again which one has it now (``worker_id`` if none answers)."""
+        query = codec.encode(RouteQuery(request_id=state.open.request_id))
+        try:
+            reply = await self._nc.request(
+                self._subjects.route_status, query, timeout=ROUTE_QUERY_TIMEOUT_S
+            )
+            current = codec.decode(reply.data, RouteStatus).worker_id
+        except (nats.errors.Error, codec.DecodeError):
+            return worker_id
+        if current is None or current == worker_id or state.worker_id != worker_id:
+            return worker_id
+        state.worker_id = current
+        state.lost_workers.discard(current)
+        return current
 
     async def _ask(self, request_id: str, worker_id: str, attempt: int) -> bool | None:
         """Whether the worker holds that attempt; ``None`` when nothing was learned."""

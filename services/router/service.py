@@ -393,16 +393,17 @@ class Router:
     ) -> None:
         """Send the decode phase, with where to pull the prompt's KV from."""
         self.core.load.prefill_finished(gen.request_id)
+        transfer = msgspec.structs.replace(result.kv_transfer, cached_tokens=result.cached_tokens)
         decode = msgspec.structs.replace(
             gen,
             worker_id=decision.worker_id,
             dp_rank=decision.dp_rank,
-            kv_transfer=result.kv_transfer,
+            kv_transfer=transfer,
             block_hashes=(),
             hash_block_size=0,
         )
         # A decode worker gone meanwhile bounces it: routed again, decode phase only.
-        unpinned = msgspec.structs.replace(gen, kv_transfer=result.kv_transfer)
+        unpinned = msgspec.structs.replace(gen, kv_transfer=transfer)
         reply = self._bounces.reply_for(gen.request_id, (unpinned, (*tried, decision.worker_id)))
         await self._nc.publish(
             self._subjects.generate(decision.worker_id), codec.encode(decode), reply=reply

@@ -122,8 +122,11 @@ class Outbox:
         choice = stream.choices[emission.choice]
         if choice.finish_reason is not None:
             return False  # cancelled or finished meanwhile: drop what the step produced
-        if emission.cached_tokens and emission.choice == 0:
-            stream.cached_tokens = emission.cached_tokens  # known once the engine admitted it
+        pulled = stream.placement is not None and bool(stream.placement[1])
+        if emission.cached_tokens and emission.choice == 0 and not pulled:
+            # known once the engine admitted it; a decode phase keeps what its prefill worker
+            # found cached (the blocks it pulled are not prefix-cache hits)
+            stream.cached_tokens = emission.cached_tokens
         choice.tokens.extend(emission.token_ids)
         choice.logprobs.extend(emission.logprobs)
         if emission.finish_reason == "cancelled":

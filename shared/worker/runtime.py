@@ -340,6 +340,7 @@ class WorkerRuntime:
                 gen.request_id,
                 gen.stream_to,
                 prompt_tokens=prompt_tokens,
+                cached_tokens=transfer.cached_tokens if transfer is not None else 0,
                 attempt=gen.attempt,
                 reply_to=gen.reply_to,
                 n=gen.sampling.n,

@@ -148,7 +148,9 @@ async def test_prefill_then_decode_then_release(
         batches = await _stream(stream)
         assert sum(len(b.token_ids) for b in batches) == 8
         assert {(b.worker_id, b.prefill_worker_id, b.dp_rank) for b in batches} == {("dw", "pw", 0)}
-        assert batches[0].cached_tokens == 32  # both prompt blocks pulled, not computed
+        # both prompt blocks were pulled, not computed; usage reports the prefill worker's
+        # prefix-cache hits (the handle's, none here), not the pulled blocks
+        assert batches[0].cached_tokens == handle.cached_tokens == 0
         release = await _next(releases, KvRelease)
         assert (release.request_id, release.pulled_blocks) == (rid, 2)
         await _until(lambda: prefill_engine.load().kv_used_blocks == 0)  # evictable again

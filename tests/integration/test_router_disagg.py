@@ -70,8 +70,9 @@ async def test_both_phases_run_and_the_stream_names_both_workers(
     assert sum(len(b.token_ids) for b in batches) == 16
     first = batches[0]
     assert (first.worker_id, first.prefill_worker_id) == ("dw", "pw")
-    # the decode worker pulled the prompt's blocks: it prefilled at most the partial tail
-    assert first.cached_tokens >= len(PROMPT) - 16
+    # usage counts prefix-cache hits of the prefill worker (none: a new prompt), not the
+    # blocks the decode worker pulled
+    assert first.cached_tokens == 0
     decision = decisions.seen[0]
     assert (decision.disagg, decision.prefill_worker_id, decision.worker_id) == (
         "remote",
