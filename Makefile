@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-engines test-vllm bench-gpu _test-all test-unit test-integration test-e2e test-chaos test-compose test-containers images-local up down lint fmt typecheck proto bench bench-c1 bench-hops bench-ab bench-gateway bench-burst bench-routing bench-chaos config-doc clean
+.PHONY: help install run test test-engines test-vllm bench-gpu _test-all test-unit test-integration test-e2e test-chaos test-compose test-containers images-local up down lint fmt typecheck proto bench bench-c1 bench-hops bench-ab bench-gateway bench-burst bench-routing bench-disagg bench-chaos config-doc clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-18s %s\n",$$1,$$2}'
@@ -100,7 +100,7 @@ typecheck: $(STAMP) ## mypy --strict on shared/ and services/
 proto: $(STAMP) ## regenerate shared/kserve/ (gRPC code, committed) from proto/shared/kserve/*.proto
 	$(PY) proto/generate.py
 
-# Where bench, bench-c1 and bench-routing write their JSON, with PNG plots beside it (bench/plots.py).
+# Where bench, bench-c1, bench-routing and bench-disagg write their JSON, PNG plots beside it (bench/plots.py, bench/disagg_plots.py).
 BENCH_OUT ?= .bench/$(shell date -u +%Y-%m-%dT%H%M%SZ)
 
 bench: $(STAMP) ## serving benchmark: c=1 and c=64 with speedup 0, HTTP and gRPC alternated; then bench-c1; JSON + plots in .bench/
@@ -126,6 +126,9 @@ bench-chaos: $(STAMP) ## chaos recovery times vs issue 9's bounds (ARGS="--round
 
 bench-routing: $(STAMP) ## router benchmark: decision latency + events/s (a), shared-prefix kv vs round-robin (b); JSON + plots in .bench/
 	$(PY) -m bench.routing --part a b --out $(BENCH_OUT)-routing.json $(ARGS)
+
+bench-disagg: $(STAMP) ## 4 aggregated vs 2 prefill + 2 decode mockers (speedup 1, 4-8k-token prompts, c=16/64), JetServe vs Dynamo alternated, --rounds 2 (~15 min; --quick); JSON + plots in .bench/
+	$(PY) -m bench.disagg --out $(BENCH_OUT)-disagg.jsonl $(ARGS)
 
 config-doc: $(STAMP) ## regenerate docs/configuration.md and .env from the settings tables
 	$(PY) -m tools.config_doc --write
