@@ -25,6 +25,7 @@ PATH_SUBJECTS = frozenset(
         "router.status",
         "router.status [reply]",
         "worker.<worker>.generate",
+        "router.<id>.prefilled",
         "stream.<formatter>.<request>",
         "gateway.<gateway>.<request>",
         "bounce.<instance>.<request>",
@@ -40,6 +41,7 @@ SIDE_EFFECT_SUBJECTS = frozenset(
         "kv.<worker>",
         "kv.<worker> [reply]",
         "kv.<worker> [delivery]",
+        "worker.<worker>.kv_release",
     }
 )
 
