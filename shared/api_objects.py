@@ -38,10 +38,26 @@ class ResponseNvext(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Response extension asked for with ``nvext.extra_fields`` (``worker_id``: who served;
     ``timing``: time to first token and between tokens)."""
 
-    worker_id: str | UnsetType = UNSET
-    """The worker that served the request (``extra_fields: ["worker_id"]``)."""
+    worker_id: str | WorkerPair | UnsetType = UNSET
+    """The worker that served the request (``extra_fields: ["worker_id"]``): its id, or for a
+    disaggregated request (and a query-only answer) the prefill and decode workers, as
+    Dynamo's response names them."""
+    dp_rank: int | UnsetType = UNSET
+    """The data-parallel rank of ``worker_id`` when above 0 (aggregated requests)."""
     timing: dict[str, float] | UnsetType = UNSET
     """``ttft_ms``, ``itl_ms``… (``extra_fields: ["timing"]``)."""
+    token_ids: tuple[int, ...] | UnsetType = UNSET
+    """A query-only answer (``nvext.annotations: ["query_instance_id"]``): the prompt's ids."""
+
+
+class WorkerPair(msgspec.Struct, kw_only=True):
+    """Where a request's two phases ran (or would run): Dynamo's ``WorkerIdInfo``."""
+
+    prefill_worker_id: str | None
+    """None: the decode worker prefilled it too (aggregated, or kept local)."""
+    prefill_dp_rank: int | None
+    decode_worker_id: str
+    decode_dp_rank: int
 
 
 class TopLogprob(msgspec.Struct, kw_only=True):

@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from services.formatter.choice import PARSED_FORMATS, Choice, choices_for
 from services.formatter.detokenizer import token_texts
@@ -34,8 +34,9 @@ from services.formatter.replay import ChunkHistory
 from services.formatter.shapers import shaper_for
 from services.formatter.shaping import Nvext, Shaper, Usage, usage
 from shared import sse
+from shared.api_objects import WorkerPair
 from shared.errors import InternalError, ServiceError, ServiceUnavailable
-from shared.messages import StreamOpen, TokenBatch
+from shared.messages import RouteChoice, StreamOpen, TokenBatch
 
 _SSE_FORMATS = PARSED_FORMATS
 """Formats whose streams are SSE (``text`` and ``kserve`` are gRPC's)."""
@@ -71,6 +72,8 @@ class RequestFormatter:
         "migrations",
         "open",
         "pinged_at",
+        "placement",
+        "query",
         "route_checked",
         "started_at",
         "token_batches",
@@ -108,6 +111,10 @@ class RequestFormatter:
         self._timing = "timing" in out.extra_fields
         self.worker_id = ""
         """The worker that produced the tokens (``TokenBatch.worker_id``)."""
+        self.placement: tuple[int, str, int] = (0, "", 0)
+        """``(dp_rank, prefill_worker_id, prefill_dp_rank)`` of the batches (issue 24)."""
+        self.query: RouteChoice | None = None
+        """A query-only request's answer: the response names where it would go."""
         self.cached_tokens = 0
         self.generated: list[int] | None = [] if open_.generate is not None else None
         """Every token id so far, kept only when the request may migrate (decision 017)."""
@@ -178,6 +185,8 @@ class RequestFormatter:
             self.cached_tokens = batch.cached_tokens
         if self.generated is not None:
             self.generated.extend(ids)
+        if batch.dp_rank or batch.prefill_worker_id:
+            self.placement = (batch.dp_rank, batch.prefill_worker_id, batch.prefill_dp_rank)
         if batch.worker_id and batch.worker_id != self.worker_id:
             self.worker_id = batch.worker_id
             # It holds the current attempt: if it is lost now, the request must move again.
@@ -353,12 +362,50 @@ class RequestFormatter:
         first = self._choices[0].end
         self.finish_reason = first.finish_reason if first is not None else "stop"
 
+    def answer_query(self, choice: RouteChoice) -> TokenBatch:
+        """A query-only request's answer, as the batch that ends it: no token, the prompt
+        counted; the response's ``nvext`` names the workers and the token ids."""
+        self.query = choice
+        return TokenBatch(
+            request_id=choice.request_id,
+            token_ids=(),
+            finish_reason="stop",
+            prompt_tokens=choice.prompt_tokens,
+            worker_id=choice.worker_id,
+            attempt=self.migrations,
+        )
+
     def _nvext(self) -> Nvext | None:
-        """The response's ``nvext`` when ``nvext.extra_fields`` asked for something."""
+        """The response's ``nvext`` when ``nvext.extra_fields`` asked for something, or for a
+        query-only answer."""
+        query = self.query
+        if query is not None:
+            pair = WorkerPair(
+                prefill_worker_id=query.prefill_worker_id or None,
+                prefill_dp_rank=query.prefill_dp_rank if query.prefill_worker_id else None,
+                decode_worker_id=query.worker_id,
+                decode_dp_rank=query.dp_rank,
+            )
+            return Nvext(worker_id=pair, token_ids=query.token_ids)
         if not (self._echo_worker or self._timing):
             return None
+        worker: str | WorkerPair | UnsetType = UNSET
+        dp_rank: int | UnsetType = UNSET
+        if self._echo_worker:
+            rank, prefill, prefill_rank = self.placement
+            if prefill:
+                worker = WorkerPair(
+                    prefill_worker_id=prefill,
+                    prefill_dp_rank=prefill_rank,
+                    decode_worker_id=self.worker_id,
+                    decode_dp_rank=rank,
+                )
+            else:
+                worker = self.worker_id
+                dp_rank = rank or UNSET
         return Nvext(
-            worker_id=self.worker_id if self._echo_worker else UNSET,
+            worker_id=worker,
+            dp_rank=dp_rank,
             timing=self.timing() if self._timing else UNSET,
         )
 

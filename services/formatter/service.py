@@ -56,6 +56,7 @@ from shared.messages import (
     MigrationKind,
     RequestFailed,
     ResponseChunk,
+    RouteChoice,
     StreamOpen,
     StreamOpened,
     TokenBatch,
@@ -403,6 +404,8 @@ class FormatterService:
 
     async def _deliver(self, state: RequestFormatter, event: WorkerEvent, now: float) -> bool:
         """Apply one event to its request, send what it gives; False once the request ended."""
+        if isinstance(event, RouteChoice):  # a query-only answer ends the request
+            event = state.answer_query(event)
         if not isinstance(event, TokenBatch):
             if event.code in RETRYABLE_CODES and state.open.generate is not None:
                 outcome = await self._migrate(state, state.worker_id, event.code)

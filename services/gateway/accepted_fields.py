@@ -41,10 +41,6 @@ CONDITIONAL: Final[dict[str, str]] = {
 """Accepted in the form that asks for nothing the gateway cannot do; refused otherwise."""
 
 NVEXT_IGNORED: Final[dict[str, str]] = {
-    "prefill_worker_id": "Disaggregated prefill; JetServe workers are aggregated.",
-    "decode_worker_id": "Disaggregated decode; pin with `backend_instance_id` instead.",
-    "dp_rank": "Data-parallel rank; a JetServe worker runs one engine.",
-    "prefill_dp_rank": "Data-parallel rank of a prefill worker; none here.",
     "agent_hints": "Dynamo's router queue priorities and speculative prefill; no queue here.",
     "agent_context": "Dynamo's agent trace sink; no trace sink here.",
     "session_control": "Dynamo's sticky sessions; the KV router routes by prefix instead.",
@@ -60,19 +56,19 @@ NVEXT_EXTRA_FIELDS: Final[frozenset[str]] = frozenset({"worker_id", "timing"})
 NVEXT_ANNOTATIONS: Final[frozenset[str]] = frozenset(
     {"request_id", "formatted_prompt", "token_ids"}
 )
-"""``nvext.annotations`` answered as SSE ``event:`` frames; other names are ignored (Dynamo
-uses some, such as ``query_instance_id:…``, for its EPP, which has no counterpart here)."""
+"""``nvext.annotations`` answered as SSE ``event:`` frames; other names are ignored, except
+``query_instance_id`` (``QUERY_ANNOTATION``), which asks where the request would go."""
+
+QUERY_ANNOTATION: Final = "query_instance_id"
+"""The seed's query-only annotation (also ``query_instance_id:<anything>``): the router answers
+with the worker(s) and ranks it would choose and the token ids, generating nothing."""
 
 HEADERS_IGNORED: Final[dict[str, str]] = {
-    "x-dynamo-prefill-instance-id": "Dynamo's prefill pin for disaggregated serving; none here.",
-    "x-prefill-instance-id": "Older alias of `x-dynamo-prefill-instance-id`.",
-    "x-dynamo-dp-rank": "Dynamo's data-parallel rank; a JetServe worker runs one engine.",
-    "x-dp-rank": "Older alias of `x-dynamo-dp-rank`.",
-    "x-data-parallel-rank": "Older alias of `x-dynamo-dp-rank`.",
-    "x-dynamo-prefill-dp-rank": "Data-parallel rank of a prefill worker; none here.",
-    "x-prefill-dp-rank": "Older alias of `x-dynamo-prefill-dp-rank`.",
     "x-dynamo-request-priority": "Dynamo's router queue priority; JetServe routers queue nothing.",
     "x-dynamo-request-strict-priority": "Dynamo's strict queue tier; no queue here.",
 }
-"""Dynamo's routing headers that have no effect here (``x-dynamo-worker-instance-id`` and
-``x-worker-instance-id`` pin a worker; ``x-tenant-id`` salts the KV cache)."""
+"""Dynamo's routing headers that have no effect here. ``x-dynamo-worker-instance-id`` and
+``x-worker-instance-id`` pin a worker, ``x-dynamo-prefill-instance-id`` (``x-prefill-instance-id``)
+a prefill worker, ``x-dynamo-dp-rank`` (``x-dp-rank``, ``x-data-parallel-rank``) and
+``x-dynamo-prefill-dp-rank`` (``x-prefill-dp-rank``) their ranks; ``x-tenant-id`` salts the KV
+cache."""

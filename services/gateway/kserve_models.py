@@ -47,6 +47,10 @@ LLM_SPEC = TensorModelSpec(
     backend=PLATFORM,
 )
 _LENGTH = struct.Struct("<I")
+ROUTING_PARAMETERS = frozenset(
+    {"backend_instance_id", "decode_worker_id", "prefill_worker_id", "dp_rank", "prefill_dp_rank"}
+)
+"""Request ``parameters`` that pin workers and ranks, as ``nvext`` does over HTTP (issue 24)."""
 SAMPLING_INPUTS = frozenset(
     {
         "max_tokens",
@@ -174,6 +178,9 @@ def text_request(request: pb.ModelInferRequest) -> TextRequest:
     BOOL), sampling knobs from inputs or ``parameters`` (an input wins)."""
     params = parameters_of(request.parameters)
     fields = {k: v for k, v in params.items() if k in SAMPLING_INPUTS} if params else {}
+    pins = {k: v for k, v in params.items() if k in ROUTING_PARAMETERS} if params else {}
+    if pins:
+        fields["nvext"] = pins
     prompt: str | None = None
     streaming: bool | None = None
     for tensor, raw in zip(request.inputs, raw_contents(request), strict=True):

@@ -6,9 +6,15 @@ Headers, named as Dynamo's frontend names them (``lib/llm/src/protocols/common/e
   wins when both are sent, as in Dynamo), pins a worker, as ``nvext.backend_instance_id`` does.
   Dynamo lets the header silently override the body; here both given must agree (400 otherwise,
   decision 012): silently preferring one would route somewhere the client did not ask.
-- ``x-dynamo-prefill-instance-id``, ``x-dynamo-dp-rank``, ``x-dynamo-prefill-dp-rank``, the
-  request-priority headers and their aliases are accepted and have no effect: JetServe workers
-  are aggregated, run one engine each and have no queue (``accepted_fields.HEADERS_IGNORED``).
+- ``x-dynamo-prefill-instance-id`` pins the prefill worker of a disaggregated request (as
+  ``nvext.prefill_worker_id``), ``x-dynamo-dp-rank`` and ``x-dynamo-prefill-dp-rank`` the ranks
+  (as ``nvext.dp_rank`` / ``prefill_dp_rank``), with Dynamo's older aliases. A header and the
+  body field given together must agree. The router checks the pins against the fleet (issue 24:
+  unknown worker, wrong role or rank out of range -> 400 naming the field; dead -> 503).
+- The request-priority headers are accepted and have no effect: JetServe's routers have no queue
+  yet (``accepted_fields.HEADERS_IGNORED``).
+- ``nvext.annotations: ["query_instance_id"]`` asks where the request would go, without
+  generating (``RoutingHints.query_only``).
 - ``x-tenant-id`` isolates a tenant's KV cache (Dynamo: it becomes ``nvext.cache_salt``).
 
 Salt precedence. The body salt is ``nvext.cache_salt``, else the top-level ``cache_salt`` (as
@@ -27,7 +33,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from services.gateway.accepted_fields import NVEXT_ANNOTATIONS, NVEXT_EXTRA_FIELDS
+from services.gateway.accepted_fields import (
+    NVEXT_ANNOTATIONS,
+    NVEXT_EXTRA_FIELDS,
+    QUERY_ANNOTATION,
+)
 from services.gateway.openai_types import Nvext
 from shared.errors import InvalidRequest
 from shared.messages import RoutingHints
@@ -36,18 +46,36 @@ from shared.subjects import is_token
 TENANT_HEADER = b"x-tenant-id"
 WORKER_HEADER = b"x-worker-instance-id"
 DYNAMO_WORKER_HEADER = b"x-dynamo-worker-instance-id"
+PREFILL_HEADERS = (b"x-dynamo-prefill-instance-id", b"x-prefill-instance-id")
+DP_RANK_HEADERS = (b"x-dynamo-dp-rank", b"x-dp-rank", b"x-data-parallel-rank")
+PREFILL_DP_RANK_HEADERS = (b"x-dynamo-prefill-dp-rank", b"x-prefill-dp-rank")
+"""Each pin's headers, the prefixed one first: it wins when several are sent, as in Dynamo."""
 MAX_SALT_LEN = 256
 MAX_ALLOWED_WORKERS = 1024
+MAX_DP_RANK = 65535
+_PIN_GROUPS = (PREFILL_HEADERS, DP_RANK_HEADERS, PREFILL_DP_RANK_HEADERS)
+_PINS = {header: i for i, group in enumerate(_PIN_GROUPS) for header in group}
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """One routing header's value and name (for error messages)."""
+
+    value: str
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
 class RoutingHeaders:
-    """The routing headers of one HTTP request (``x-tenant-id``, the worker pin)."""
+    """The routing headers of one HTTP request (``x-tenant-id``, the worker pins)."""
 
     tenant_id: str | None = None
     worker_instance_id: str | None = None
     worker_header: str = WORKER_HEADER.decode()
     """The header the pin came from (for error messages)."""
+    prefill_instance_id: Header | None = None
+    dp_rank: Header | None = None
+    prefill_dp_rank: Header | None = None
 
 
 NO_HEADERS = RoutingHeaders()
@@ -57,6 +85,7 @@ def routing_headers(headers: Iterable[tuple[bytes, bytes]]) -> RoutingHeaders:
     """Pick the routing headers out of raw ASGI headers (names are lower-case there); a
     malformed value is an ``InvalidRequest`` at once, before the body is looked at."""
     tenant = worker = dynamo_worker = None
+    pins: list[dict[bytes, str]] = [{}, {}, {}]
     for name, value in headers:
         if name == TENANT_HEADER:
             tenant = value.decode("latin-1").strip() or None
@@ -64,15 +93,33 @@ def routing_headers(headers: Iterable[tuple[bytes, bytes]]) -> RoutingHeaders:
             dynamo_worker = value.decode("latin-1").strip() or None
         elif name == WORKER_HEADER:
             worker = value.decode("latin-1").strip() or None
-    if tenant is None and worker is None and dynamo_worker is None:
+        elif name in _PINS and (text := value.decode("latin-1").strip()):
+            pins[_PINS[name]][name] = text
+    if tenant is None and worker is None and dynamo_worker is None and not any(pins):
         return NO_HEADERS
     if dynamo_worker is not None:
-        picked = RoutingHeaders(tenant, dynamo_worker, DYNAMO_WORKER_HEADER.decode())
+        worker, worker_header = dynamo_worker, DYNAMO_WORKER_HEADER.decode()
     else:
-        picked = RoutingHeaders(tenant_id=tenant, worker_instance_id=worker)
-    _pinned_worker(None, picked.worker_instance_id, picked.worker_header)
+        worker_header = WORKER_HEADER.decode()
+    prefill, rank, prefill_rank = (
+        _first(found, names) for found, names in zip(pins, _PIN_GROUPS, strict=True)
+    )
+    picked = RoutingHeaders(tenant, worker, worker_header, prefill, rank, prefill_rank)
+    _check_worker_id(picked.worker_instance_id, picked.worker_header)
+    if prefill is not None:
+        _check_worker_id(prefill.value, prefill.name)
+    for header in (rank, prefill_rank):
+        if header is not None:
+            _rank_of(header)
     effective_salt(None, None, picked.tenant_id)
     return picked
+
+
+def _first(found: dict[bytes, str], names: tuple[bytes, ...]) -> Header | None:
+    for name in names:
+        if name in found:
+            return Header(found[name], name.decode())
+    return None
 
 
 def routing(
@@ -80,25 +127,103 @@ def routing(
 ) -> tuple[RoutingHints | None, str | None]:
     """``Preprocess.routing`` and ``Preprocess.worker_id`` (raises ``InvalidRequest``)."""
     ext = nvext or _NO_NVEXT
-    pinned = None if ext.backend_instance_id is None else str(ext.backend_instance_id)
-    worker_id = _pinned_worker(pinned, headers.worker_instance_id, headers.worker_header)
+    decode_param, pinned = _decode_pin(ext)
+    worker_id = _pinned_worker(
+        pinned, headers.worker_instance_id, headers.worker_header, decode_param
+    )
+    if worker_id is not None and pinned is None:
+        decode_param = headers.worker_header
     allowed = _allowed_workers(ext.allowed_worker_ids)
     if worker_id is not None and allowed is not None and worker_id not in allowed:
         raise InvalidRequest(
             f"The pinned worker `{worker_id}` is not one of `nvext.allowed_worker_ids`.",
             param="nvext.allowed_worker_ids",
         )
+    body_prefill = None if ext.prefill_worker_id is None else str(ext.prefill_worker_id)
+    prefill = _agreed(body_prefill, headers.prefill_instance_id, "nvext.prefill_worker_id")
+    if body_prefill is not None:
+        _check_worker_id(body_prefill, "nvext.prefill_worker_id")
+    dp_rank = _agreed_rank(ext.dp_rank, headers.dp_rank, "nvext.dp_rank")
+    prefill_rank = _agreed_rank(
+        ext.prefill_dp_rank, headers.prefill_dp_rank, "nvext.prefill_dp_rank"
+    )
+    query_only = is_query(ext.annotations)
     salt = effective_salt(body_salt, ext.cache_salt, headers.tenant_id)
     weight, temperature = ext.overlap_score_weight, ext.router_temperature
-    if salt is None and weight is None and temperature is None and allowed is None:
+    pins_given = prefill is not None or dp_rank is not None or prefill_rank is not None
+    named = worker_id is not None and decode_param != "nvext.backend_instance_id"
+    if (
+        salt is None
+        and weight is None
+        and temperature is None
+        and allowed is None
+        and not pins_given
+        and not named
+        and not query_only
+    ):
         return None, worker_id
     hints = RoutingHints(
         overlap_score_weight=weight,
         router_temperature=temperature,
         cache_salt=salt,
         allowed_worker_ids=allowed,
+        dp_rank=dp_rank,
+        prefill_worker_id=prefill,
+        prefill_dp_rank=prefill_rank,
+        decode_worker_id_param=decode_param if worker_id is not None else None,
+        query_only=query_only,
     )
     return hints, worker_id
+
+
+def is_query(annotations: list[str] | None) -> bool:
+    """Whether ``nvext.annotations`` asks for query-only mode (``query_instance_id``, also
+    with a ``:<value>`` as Dynamo's EPP sends it)."""
+    return bool(annotations) and any(
+        a == QUERY_ANNOTATION or a.startswith(f"{QUERY_ANNOTATION}:") for a in annotations or ()
+    )
+
+
+def _decode_pin(ext: Nvext) -> tuple[str, str | None]:
+    """The body's decode pin and the field it came from (``decode_worker_id`` wins over
+    ``backend_instance_id``; both given must agree)."""
+    decode = None if ext.decode_worker_id is None else str(ext.decode_worker_id)
+    backend = None if ext.backend_instance_id is None else str(ext.backend_instance_id)
+    if decode is not None and backend is not None and decode != backend:
+        raise InvalidRequest(
+            "`nvext.decode_worker_id` and `nvext.backend_instance_id` name different workers.",
+            param="nvext.decode_worker_id",
+        )
+    if decode is not None:
+        return "nvext.decode_worker_id", decode
+    return "nvext.backend_instance_id", backend
+
+
+def _agreed(body: str | None, header: Header | None, param: str) -> str | None:
+    if header is None:
+        return body
+    if body is not None and body != header.value:
+        raise InvalidRequest(f"`{param}` and `{header.name}` name different workers.", param=param)
+    return header.value
+
+
+def _agreed_rank(body: int | None, header: Header | None, param: str) -> int | None:
+    if header is None:
+        return body
+    rank = _rank_of(header)
+    if body is not None and body != rank:
+        raise InvalidRequest(f"`{param}` and `{header.name}` name different ranks.", param=param)
+    return rank
+
+
+def _rank_of(header: Header) -> int:
+    value = header.value
+    if not (value.isascii() and value.isdigit()) or int(value) > MAX_DP_RANK:
+        raise InvalidRequest(
+            f"`{header.name}` must be a data-parallel rank (an integer from 0 to {MAX_DP_RANK}).",
+            param=header.name,
+        )
+    return int(value)
 
 
 def effective_salt(body: str | None, nvext: str | None, tenant: str | None) -> str | None:
@@ -154,16 +279,24 @@ def _allowed_workers(ids: list[str | int] | None) -> tuple[str, ...] | None:
     return tuple(sorted(names))
 
 
-def _pinned_worker(from_body: str | None, from_header: str | None, header: str) -> str | None:
-    for value, param in ((from_body, "nvext.backend_instance_id"), (from_header, header)):
-        if value is not None and not is_token(value):
-            raise InvalidRequest(
-                f"`{param}` must be a worker id (letters, digits, `_` and `-`).", param=param
-            )
+def _check_worker_id(value: str | None, param: str) -> None:
+    if value is not None and not is_token(value):
+        raise InvalidRequest(
+            f"`{param}` must be a worker id (letters, digits, `_` and `-`).", param=param
+        )
+
+
+def _pinned_worker(
+    from_body: str | None,
+    from_header: str | None,
+    header: str,
+    body_param: str = "nvext.backend_instance_id",
+) -> str | None:
+    _check_worker_id(from_body, body_param)
+    _check_worker_id(from_header, header)
     if from_body is not None and from_header is not None and from_body != from_header:
         raise InvalidRequest(
-            f"`nvext.backend_instance_id` and `{header}` name different workers.",
-            param="nvext.backend_instance_id",
+            f"`{body_param}` and `{header}` name different workers.", param=body_param
         )
     return from_body or from_header
 

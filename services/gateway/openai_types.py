@@ -32,6 +32,7 @@ NonNegativeInt = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 TopK = Annotated[int, Meta(ge=-1, le=INT64_MAX)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=INT64_MAX)]
 N = Annotated[int, Meta(ge=1, le=128)]
+DpRank = Annotated[int, Meta(ge=0, le=65535)]
 """Choices per request (vLLM allows any; 128 bounds the work one request can ask for)."""
 TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
 CompletionLogprobs = Annotated[int, Meta(ge=0, le=5)]
@@ -145,14 +146,22 @@ class Nvext(msgspec.Struct, kw_only=True):
     Unknown keys are ignored (Dynamo's latest frontend refuses them; older ones did not, and
     clients written for either version must work here).
 
-    Dynamo's disaggregation and agent fields (``prefill_worker_id``, ``decode_worker_id``,
-    ``dp_rank``, ``prefill_dp_rank``, ``agent_hints``, ``agent_context``, ``session_control``,
+    Dynamo's agent fields (``agent_hints``, ``agent_context``, ``session_control``,
     ``routing_constraints``, ``request_timestamp_ms``, ``router``) are accepted and ignored:
-    JetServe serves aggregated workers with one engine each and has no router queue.
+    JetServe's routers have no queue yet. The disaggregation pins are honoured (issue 24).
     """
 
     backend_instance_id: str | int | None = None
     """Pin the request to this worker (like the ``x-worker-instance-id`` header)."""
+    decode_worker_id: str | int | None = None
+    """Pin the decode (or aggregated) phase to this worker; wins over ``backend_instance_id``
+    (both given must agree)."""
+    prefill_worker_id: str | int | None = None
+    """Pin the prefill phase to this prefill worker (``x-dynamo-prefill-instance-id``)."""
+    dp_rank: DpRank | None = None
+    """The data-parallel rank of the pinned decode worker (``x-dynamo-dp-rank``)."""
+    prefill_dp_rank: DpRank | None = None
+    """The data-parallel rank of the pinned prefill worker (``x-dynamo-prefill-dp-rank``)."""
     allowed_worker_ids: list[str | int] | None = None
     """Only these workers are candidates for routing."""
     overlap_score_weight: NonNegativeFloat | None = None

@@ -357,25 +357,25 @@ async def _chat(stack: Stack, nvext: dict[str, Any] | None = None) -> httpx.Resp
         return await http.post("/v1/chat/completions", json=body)
 
 
-async def test_enforced_disaggregation_without_prefill_worker_is_503(
+def test_enforced_disaggregation_without_prefill_worker_is_503(
     tmp_path: Path, model_dir: Path
 ) -> None:
     with _small_stack(tmp_path, model_dir, prefill=0, decode=1) as stack:
-        response = await _chat(stack)
+        response = asyncio.run(_chat(stack))
     assert response.status_code == 503, response.text
     assert response.headers.get("retry-after")
     assert response.json()["error"]["code"] == "no_worker_available"
 
 
-async def test_a_dead_pinned_prefill_worker_is_503_then_enforced_503(
+def test_a_dead_pinned_prefill_worker_is_503_then_enforced_503(
     tmp_path: Path, model_dir: Path
 ) -> None:
     with _small_stack(tmp_path, model_dir, prefill=1, decode=1) as stack:
-        prefill = (await _roles(stack))["prefill"][0]
-        assert (await _chat(stack, {"prefill_worker_id": prefill})).status_code == 200
+        prefill = asyncio.run(_roles(stack))["prefill"][0]
+        assert asyncio.run(_chat(stack, {"prefill_worker_id": prefill})).status_code == 200
         os.kill(_worker_pids(stack)[prefill], signal.SIGKILL)
-        pinned = await _chat(stack, {"prefill_worker_id": prefill})
-        unpinned = await _chat(stack)
+        pinned = asyncio.run(_chat(stack, {"prefill_worker_id": prefill}))
+        unpinned = asyncio.run(_chat(stack))
     assert pinned.status_code == 503, pinned.text
     assert pinned.headers.get("retry-after")
     assert prefill in pinned.json()["error"]["message"]

@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from services.gateway.nvext import Header, routing
 from services.gateway.translate import (
     NO_HEADERS,
     RoutingHeaders,
@@ -174,9 +175,39 @@ class TestHeaders:
             routing_headers([raw])
         assert caught.value.param == param
 
-    def test_dynamo_headers_without_effect_are_harmless(self) -> None:
-        raw = [(b"x-dynamo-prefill-instance-id", b"3"), (b"x-dp-rank", b"0")]
-        assert routing_headers(raw) is NO_HEADERS
+    def test_disaggregation_headers_are_read_the_prefixed_one_winning(self) -> None:
+        raw = [
+            (b"x-prefill-instance-id", b"old"),
+            (b"x-dynamo-prefill-instance-id", b"p1"),
+            (b"x-dp-rank", b"1"),
+            (b"x-dynamo-prefill-dp-rank", b"2"),
+        ]
+        picked = routing_headers(raw)
+        assert (picked.prefill_instance_id, picked.dp_rank, picked.prefill_dp_rank) == (
+            Header("p1", "x-dynamo-prefill-instance-id"),
+            Header("1", "x-dp-rank"),
+            Header("2", "x-dynamo-prefill-dp-rank"),
+        )
+        hints, worker_id = routing(None, None, picked)
+        assert worker_id is None
+        assert hints is not None
+        assert (hints.prefill_worker_id, hints.dp_rank, hints.prefill_dp_rank) == ("p1", 1, 2)
+
+    @pytest.mark.parametrize(
+        ("raw", "param"),
+        [
+            ((b"x-dynamo-dp-rank", b"-1"), "x-dynamo-dp-rank"),
+            ((b"x-data-parallel-rank", b"one"), "x-data-parallel-rank"),
+            ((b"x-dynamo-prefill-dp-rank", b"70000"), "x-dynamo-prefill-dp-rank"),
+            ((b"x-dynamo-prefill-instance-id", b"a.b"), "x-dynamo-prefill-instance-id"),
+        ],
+    )
+    def test_malformed_disaggregation_headers_are_400(
+        self, raw: tuple[bytes, bytes], param: str
+    ) -> None:
+        with pytest.raises(InvalidRequest) as caught:
+            routing_headers([raw])
+        assert caught.value.param == param
 
     def test_routing_headers_are_picked_from_raw_asgi_headers(self) -> None:
         raw = [(b"x-tenant-id", b"acme"), (b"x-worker-instance-id", b" w1 "), (b"a", b"b")]

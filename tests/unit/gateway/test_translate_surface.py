@@ -313,8 +313,46 @@ class TestNvext:
         assert pinned.worker_id == "w1"
 
     def test_dynamo_fields_without_effect_are_accepted(self) -> None:
-        ext = {"agent_hints": {"osl": 10}, "prefill_worker_id": 3, "session_control": {}}
+        ext = {"agent_hints": {"osl": 10}, "session_control": {}}
         assert chat(nvext=ext).routing is None
+
+    def test_disaggregation_pins_reach_the_router(self) -> None:
+        ext = {"prefill_worker_id": 3, "decode_worker_id": "d1", "dp_rank": 1, "prefill_dp_rank": 0}
+        request = chat(nvext=ext)
+        assert request.worker_id == "d1"
+        assert request.routing == RoutingHints(
+            prefill_worker_id="3",
+            dp_rank=1,
+            prefill_dp_rank=0,
+            decode_worker_id_param="nvext.decode_worker_id",
+        )
+
+    def test_a_header_pin_is_named_by_its_header(self) -> None:
+        request = chat(RoutingHeaders(worker_instance_id="w1"))
+        assert request.routing is not None
+        assert request.routing.decode_worker_id_param == "x-worker-instance-id"
+
+    @pytest.mark.parametrize(
+        ("ext", "param"),
+        [
+            ({"decode_worker_id": "a", "backend_instance_id": "b"}, "nvext.decode_worker_id"),
+            ({"prefill_worker_id": "a.b"}, "nvext.prefill_worker_id"),
+            ({"dp_rank": -1}, None),
+            ({"prefill_dp_rank": "x"}, None),
+        ],
+    )
+    def test_bad_pins_are_400(self, ext: dict[str, Any], param: str | None) -> None:
+        with pytest.raises((InvalidRequest, msgspec.ValidationError)) as caught:
+            chat(nvext=ext)
+        if param is not None:
+            assert getattr(caught.value, "param", None) == param
+
+    @pytest.mark.parametrize("annotation", ["query_instance_id", "query_instance_id:epp-1"])
+    def test_query_instance_id_asks_where_the_request_would_go(self, annotation: str) -> None:
+        request = chat(nvext={"annotations": [annotation]})
+        assert request.routing is not None
+        assert request.routing.query_only
+        assert request.output.annotations == ()  # not an SSE event frame
 
 
 class TestStrictness:
