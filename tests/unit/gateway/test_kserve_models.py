@@ -17,6 +17,7 @@ from services.gateway.kserve_models import (
     text_request,
     view_of,
 )
+from services.gateway.translate import completion_from, completion_to_preprocess
 from shared.errors import InternalError, InvalidRequest, NotFound
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve import model_config_pb2 as mc
@@ -135,6 +136,22 @@ class TestTextRequests:
         parsed = text_request(llm_request(PROMPT, max_tokens=5, temperature=0.5, other=1))
         assert (parsed.prompt, parsed.streaming) == ("Hello", None)
         assert parsed.fields == {"max_tokens": 5, "temperature": 0.5}
+
+    def test_routing_parameters_pin_workers_as_nvext_does(self) -> None:
+        parsed = text_request(
+            llm_request(
+                PROMPT, max_tokens=5, prefill_worker_id="p1", decode_worker_id="d1", dp_rank=1
+            )
+        )
+        assert parsed.fields == {
+            "max_tokens": 5,
+            "nvext": {"prefill_worker_id": "p1", "decode_worker_id": "d1", "dp_rank": 1},
+        }
+        request = completion_from({**parsed.fields, "model": "m", "prompt": parsed.prompt})
+        preprocess = completion_to_preprocess(request, request_id="r", reply_to="g", created=0)
+        assert preprocess.worker_id == "d1"
+        assert preprocess.routing is not None
+        assert (preprocess.routing.prefill_worker_id, preprocess.routing.dp_rank) == ("p1", 1)
 
     def test_a_one_by_one_prompt_is_one_prompt(self) -> None:
         parsed = text_request(llm_request(("text_input", "BYTES", [1, 1], join_bytes([b"Hi"]))))
