@@ -13,6 +13,7 @@ from nats.aio.client import Client
 from services.mocker.service import Mocker, ModelInfo
 from shared import codec
 from shared.messages import (
+    Cancel,
     Generate,
     RouteChoice,
     RouteDecision,
@@ -139,3 +140,42 @@ async def test_query_only_answers_and_reaches_no_worker(
     assert answer.token_ids == PROMPT
     assert stream.request_id not in reached
     assert real.request_id in reached
+
+
+async def test_a_client_gone_during_the_prefill_cancels_both_phases(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    """The broadcast ``Cancel`` ends the router's wait (no decode phase is ever sent) and the
+    prefill worker's work; its blocks are not left pinned and the router's load is freed."""
+    reached: list[str] = []
+
+    async def on_decode(msg: Any) -> None:
+        reached.append(codec.decode(msg.data, Generate).request_id)
+
+    await nc.subscribe(subjects.generate("dw"), cb=on_decode)
+    slow = {"speedup_ratio": 0.01}  # the prefill's one step: ~1 s of wall time
+    pw_id = {"worker_id": "pw", "role": "prefill"}
+    async with (
+        running_mocker(nats_url, subjects, model_info, **pw_id, **slow) as pw,
+        running_mocker(nats_url, subjects, model_info, worker_id="dw", role="decode"),
+        running_router(nats_url, subjects, router_mode="kv") as router,
+        Stream(nc, subjects) as stream,
+    ):
+        engine = pw.workers[0].engine
+        load = router.core.load
+        await _send(nc, subjects, stream)
+        for _ in range(300):  # the prefill phase is on the prefill worker, its blocks pinned
+            if load.prefill_worker_of(stream.request_id) and engine.load().kv_used_blocks:
+                break
+            await asyncio.sleep(0.01)
+        assert load.prefill_worker_of(stream.request_id) == "pw"
+        cancel = Cancel(request_id=stream.request_id)
+        await nc.publish(subjects.cancel, codec.encode(cancel))
+        for _ in range(300):
+            if engine.load().kv_used_blocks == 0 and stream.request_id not in load:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(1.5)  # past the prefill's step: a decode phase would be sent now
+        assert engine.load().kv_used_blocks == 0
+        assert stream.request_id not in load
+    assert stream.request_id not in reached
