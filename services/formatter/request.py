@@ -362,17 +362,23 @@ class RequestFormatter:
         first = self._choices[0].end
         self.finish_reason = first.finish_reason if first is not None else "stop"
 
-    def answer_query(self, choice: RouteChoice) -> TokenBatch:
-        """A query-only request's answer, as the batch that ends it: no token, the prompt
-        counted; the response's ``nvext`` names the workers and the token ids."""
+    def answer_query(self, choice: RouteChoice) -> tuple[TokenBatch, ...]:
+        """A query-only request's answer, as the batches that end it, one per choice (``n``):
+        no token, the prompt counted; the response's ``nvext`` names the workers and the token
+        ids."""
         self.query = choice
-        return TokenBatch(
-            request_id=choice.request_id,
-            token_ids=(),
-            finish_reason="stop",
-            prompt_tokens=choice.prompt_tokens,
-            worker_id=choice.worker_id,
-            attempt=self.migrations,
+        return tuple(
+            TokenBatch(
+                request_id=choice.request_id,
+                token_ids=(),
+                index=c.next_index - self.index_base,
+                finish_reason="stop",
+                prompt_tokens=choice.prompt_tokens,
+                worker_id=choice.worker_id,
+                attempt=self.migrations,
+                choice=n,
+            )
+            for n, c in enumerate(self._choices)
         )
 
     def _nvext(self) -> Nvext | None:

@@ -404,8 +404,11 @@ class FormatterService:
 
     async def _deliver(self, state: RequestFormatter, event: WorkerEvent, now: float) -> bool:
         """Apply one event to its request, send what it gives; False once the request ended."""
-        if isinstance(event, RouteChoice):  # a query-only answer ends the request
-            event = state.answer_query(event)
+        if isinstance(event, RouteChoice):  # a query-only answer ends every choice
+            for batch in state.answer_query(event):
+                if not await self._deliver(state, batch, now):
+                    return False
+            return True
         if not isinstance(event, TokenBatch):
             if event.code in RETRYABLE_CODES and state.open.generate is not None:
                 outcome = await self._migrate(state, state.worker_id, event.code)

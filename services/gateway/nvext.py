@@ -38,7 +38,7 @@ from services.gateway.accepted_fields import (
     NVEXT_EXTRA_FIELDS,
     QUERY_ANNOTATION,
 )
-from services.gateway.openai_types import Nvext
+from services.gateway.openai_types import MAX_DP_RANK, Nvext
 from shared.errors import InvalidRequest
 from shared.messages import RoutingHints
 from shared.subjects import is_token
@@ -52,7 +52,6 @@ PREFILL_DP_RANK_HEADERS = (b"x-dynamo-prefill-dp-rank", b"x-prefill-dp-rank")
 """Each pin's headers, the prefixed one first: it wins when several are sent, as in Dynamo."""
 MAX_SALT_LEN = 256
 MAX_ALLOWED_WORKERS = 1024
-MAX_DP_RANK = 65535
 _PIN_GROUPS = (PREFILL_HEADERS, DP_RANK_HEADERS, PREFILL_DP_RANK_HEADERS)
 _PINS = {header: i for i, group in enumerate(_PIN_GROUPS) for header in group}
 
@@ -218,7 +217,8 @@ def _agreed_rank(body: int | None, header: Header | None, param: str) -> int | N
 
 def _rank_of(header: Header) -> int:
     value = header.value
-    if not (value.isascii() and value.isdigit()) or int(value) > MAX_DP_RANK:
+    # The length bound first: ``int()`` of a few thousand digits raises (a 500, not a 400).
+    if not (value.isascii() and value.isdigit() and len(value) <= 16) or int(value) > MAX_DP_RANK:
         raise InvalidRequest(
             f"`{header.name}` must be a data-parallel rank (an integer from 0 to {MAX_DP_RANK}).",
             param=header.name,

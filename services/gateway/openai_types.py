@@ -32,8 +32,11 @@ NonNegativeInt = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 TopK = Annotated[int, Meta(ge=-1, le=INT64_MAX)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=INT64_MAX)]
 N = Annotated[int, Meta(ge=1, le=128)]
-DpRank = Annotated[int, Meta(ge=0, le=65535)]
 """Choices per request (vLLM allows any; 128 bounds the work one request can ask for)."""
+MAX_DP_RANK = 65535
+DpRank = Annotated[int, Meta(ge=0, le=MAX_DP_RANK)]
+"""A data-parallel rank (``nvext.dp_rank``, ``prefill_dp_rank``, their headers): syntax only
+here; a rank beyond the pinned worker's ``dp_size`` is the router's 400."""
 TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
 CompletionLogprobs = Annotated[int, Meta(ge=0, le=5)]
 BiasValue = Annotated[float, Meta(ge=-100.0, le=100.0)]

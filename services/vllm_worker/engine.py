@@ -34,12 +34,10 @@ from typing import Any, Protocol
 import structlog
 
 from services.vllm_worker.kv_endpoints import KvSource
-from services.vllm_worker.kv_feeds import KvFeeds
-from services.vllm_worker.kv_relay import KvRelay
+from services.vllm_worker.kv_feeds import FedEngine, KvFeeds
 from services.vllm_worker.outputs import ChoiceDelta, DeltaTracker, logprobs_from_engine
 from services.vllm_worker.sampling import cache_salt, engine_kwargs
 from services.vllm_worker.stats import SchedulerSnapshot
-from services.vllm_worker.zmq_events import KvEventSubscriber
 from shared.hashing import salted_seed
 from shared.messages import AnyKvEvent, BlockStored
 from shared.worker.records import Emission, EngineError, EngineFacts, EngineInput, EngineLoad
@@ -172,7 +170,7 @@ def check_request(request: EngineInput, context_length: int, dp_size: int = 1) -
         raise EngineError("a request with n > 1 cannot be resumed")
 
 
-class VllmEngine(StreamingEngine):
+class VllmEngine(FedEngine, StreamingEngine):
     """One in-process vLLM engine behind one worker id."""
 
     def __init__(self, load: Callable[[], Awaitable[VllmHandle]]) -> None:
@@ -210,16 +208,6 @@ class VllmEngine(StreamingEngine):
         )
         self._facts = facts
         return facts
-
-    @property
-    def relay(self) -> KvRelay | None:
-        """Rank 0's relay (None without KV events)."""
-        return self.feeds.relays[0] if self.feeds is not None else None
-
-    @property
-    def subscriber(self) -> KvEventSubscriber | None:
-        """Rank 0's subscriber (None without KV events)."""
-        return self.feeds.subscribers[0] if self.feeds is not None else None
 
     def _on_kv_events(self, events: list[AnyKvEvent]) -> None:
         self.add_kv_events(events)

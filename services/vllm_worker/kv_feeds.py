@@ -16,7 +16,7 @@ from services.vllm_worker.zmq_events import KvEventSubscriber
 from shared.messages import AnyKvEvent, BlockStored
 from shared.worker.records import EngineInput
 
-__all__ = ["KvFeeds"]
+__all__ = ["FedEngine", "KvFeeds"]
 
 
 class KvFeeds:
@@ -66,3 +66,20 @@ class KvFeeds:
     def dump(self, *, with_tokens: bool) -> list[BlockStored]:
         """Every rank's blocks, each event naming its rank."""
         return [event for relay in self.relays for event in relay.dump(with_tokens=with_tokens)]
+
+
+class FedEngine:
+    """What the in-process and remote vLLM engines share about their feeds (``feeds`` is set
+    once the engine has started, None without KV events)."""
+
+    feeds: KvFeeds | None = None
+
+    @property
+    def relay(self) -> KvRelay | None:
+        """Rank 0's relay (None without KV events)."""
+        return self.feeds.relays[0] if self.feeds is not None else None
+
+    @property
+    def subscriber(self) -> KvEventSubscriber | None:
+        """Rank 0's subscriber (None without KV events)."""
+        return self.feeds.subscribers[0] if self.feeds is not None else None

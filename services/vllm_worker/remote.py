@@ -41,12 +41,10 @@ import structlog
 
 from services.vllm_worker.engine import check_request
 from services.vllm_worker.kv_endpoints import rank_sources
-from services.vllm_worker.kv_feeds import KvFeeds
-from services.vllm_worker.kv_relay import KvRelay
+from services.vllm_worker.kv_feeds import FedEngine, KvFeeds
 from services.vllm_worker.outputs import ChoiceDelta, DeltaTracker, logprobs_from_http
 from services.vllm_worker.sampling import cache_salt, completions_body
 from services.vllm_worker.stats import SchedulerSnapshot, parse_cache_config, parse_prometheus
-from services.vllm_worker.zmq_events import KvEventSubscriber
 from shared.hashing import salted_seed
 from shared.messages import AnyKvEvent, BlockStored
 from shared.worker.records import Emission, EngineError, EngineFacts, EngineInput, EngineLoad
@@ -144,7 +142,7 @@ def _error_message(body: bytes) -> str:
     return str(parsed)
 
 
-class RemoteVllmEngine(StreamingEngine):
+class RemoteVllmEngine(FedEngine, StreamingEngine):
     """One remote ``vllm serve`` behind one worker id."""
 
     def __init__(self, options: RemoteOptions, *, client: httpx.AsyncClient | None = None) -> None:
@@ -236,16 +234,6 @@ class RemoteVllmEngine(StreamingEngine):
         except httpx.HTTPError:
             return None
         return parse_cache_config(response.text) if response.status_code == 200 else None
-
-    @property
-    def relay(self) -> KvRelay | None:
-        """Rank 0's relay (None without KV events)."""
-        return self.feeds.relays[0] if self.feeds is not None else None
-
-    @property
-    def subscriber(self) -> KvEventSubscriber | None:
-        """Rank 0's subscriber (None without KV events)."""
-        return self.feeds.subscribers[0] if self.feeds is not None else None
 
     def _on_kv_events(self, events: list[AnyKvEvent]) -> None:
         self.add_kv_events(events)

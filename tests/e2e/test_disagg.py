@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import nats
+import nats.js.errors
 import openai
 import pytest
 
@@ -87,16 +88,23 @@ async def client(pd_stack: Stack) -> AsyncIterator[openai.AsyncOpenAI]:
 
 
 async def _cards(stack: Stack) -> dict[str, WorkerCard]:
+    """The registry's worker cards (read again for a while if the bucket answers no keys: a
+    listing can miss cards that are being refreshed)."""
     nc = await nats.connect(stack.nats_url)
     try:
         kv = await nc.jetstream().key_value(Subjects(stack.config.namespace).workers_bucket)
-        cards = {}
-        for key in await kv.keys():
-            entry = await kv.get(key)
-            if entry.value:
-                card = codec.decode(entry.value, WorkerCard)
-                cards[card.worker_id] = card
-        return cards
+        for _ in range(50):
+            with contextlib.suppress(nats.js.errors.NoKeysError):
+                cards = {}
+                for key in await kv.keys():
+                    entry = await kv.get(key)
+                    if entry.value:
+                        card = codec.decode(entry.value, WorkerCard)
+                        cards[card.worker_id] = card
+                if cards:
+                    return cards
+            await asyncio.sleep(0.1)
+        raise AssertionError("no worker card in the registry")
     finally:
         await nc.close()
 
