@@ -393,8 +393,11 @@ class Engine:
         while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
             seq = self._waiting[0]
             # Reuse at most tokens - 1: the last token must be computed to sample the next one.
-            hits = self.cache.match(seq.full_block_hashes((seq.num_tokens - 1) // seq.block_size))
-            computed = len(hits) * seq.block_size
+            full = (seq.num_tokens - 1) // seq.block_size
+            hits = self.cache.match(seq.full_block_hashes(full))
+            computed = cached = len(hits) * seq.block_size
+            if seq.remote_prefill and seq.is_prefilling and len(hits) == full:
+                computed = seq.num_tokens - 1  # the prefill worker's, partial block included
             n = min(seq.num_tokens - computed, budget)
             if not self.cache.allocate(seq.table, hits, self._blocks_for(computed + n)):
                 break  # FCFS: wait until running requests free blocks
@@ -405,15 +408,16 @@ class Engine:
                 seq.held = None
             seq.num_computed = computed
             if seq.is_prefilling:
-                seq.cached_tokens = computed
-                self.stats.cache_hit_tokens += computed
+                seq.cached_tokens = cached
+                self.stats.cache_hit_tokens += cached
             scheduled.append(self._take(seq, n))
             budget -= n
         return scheduled
 
     def _take(self, seq: EngineRequest, n: int) -> tuple[EngineRequest, int, bool]:
         """Compute ``n`` tokens of ``seq`` in this step and commit the blocks they fill."""
-        decoding = n == 1 and bool(seq.output) and seq.num_computed + 1 == seq.num_tokens
+        last = n == 1 and seq.num_computed + 1 == seq.num_tokens
+        decoding = last and (bool(seq.output) or seq.remote_prefill)
         seq.num_computed += n
         if seq.num_computed // seq.block_size > len(seq.table.hashes):
             self._commit_full_blocks(seq)

@@ -158,6 +158,8 @@ class Pulls:
                 self._cache.commit(pull.table, own[i], parent, tokens, seq.lora_name)
             if pull.table.num_blocks:
                 seq.held = pull.table
+            for each in pull.seqs:
+                each.remote_prefill = True
         return landed
 
     def cancel(self, request_id: str) -> Pull | None:

@@ -70,6 +70,10 @@ class EngineRequest:
     held: BlockTable | None = None
     """Disaggregated decode: the pulled (and already held) prompt blocks, referenced until the
     request is admitted and takes them as cache hits."""
+    remote_prefill: bool = False
+    """Disaggregated decode whose pull landed: the prefill worker computed the whole prompt, so
+    once its blocks are here only the last prompt token is computed, in a decode step, as a vLLM
+    decode instance behind a KV connector does (not a prefill of the partial last block)."""
     block_hashes: list[int] = field(default_factory=list)
     """Sequence hashes of the full blocks of ``prompt + output`` hashed so far."""
 

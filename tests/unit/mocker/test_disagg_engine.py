@@ -176,7 +176,10 @@ class TestDecode:
         clock.now = expected
         out = engine.step()
         assert out.pulled == (("d", 2),)
-        assert out.prefill_tokens == 2  # only the tail nobody computed
+        # the prefill worker computed the whole prompt (its partial block travels too): the
+        # first token comes from a decode step, as from a vLLM decode instance
+        assert (out.prefill_tokens, out.decode_seqs) == (0, 1)
+        assert [e.token_ids for e in out.emissions if e.request_id == "d"] != []
 
     def test_other_requests_step_while_one_pulls(self) -> None:
         clock = Clock()
