@@ -2,7 +2,10 @@
 
 Every bus message is a frozen msgspec Struct, MessagePack on the wire (``shared.codec``). The
 class name travels as the ``type`` tag, so one decoder can read a union. Only add fields with
-defaults; a breaking change gets a new class or a ``v2`` subject token.
+defaults; a breaking change gets a new class or a ``v2`` subject token. The per-request and
+per-token messages (``Generate``, ``TokenBatch``, ``RouteDecision``, ``RequestPhase``) leave
+fields at their default off the wire (``omit_defaults``): a field added for one feature (issue
+24's ranks and phases) costs the others nothing, and a token batch is ~half the bytes.
 """
 
 from __future__ import annotations
@@ -238,7 +241,7 @@ class StreamOpened(Message, frozen=True):
     without replying (empty from formatters that predate decision 013)."""
 
 
-class Generate(Message, frozen=True):
+class Generate(Message, frozen=True, omit_defaults=True):
     """Preprocessor -> router -> worker: token ids ready for the engine."""
 
     model: str
@@ -326,7 +329,7 @@ class RouteChoice(Message, frozen=True):
     prompt_tokens: int = 0
 
 
-class TokenBatch(Message, frozen=True):
+class TokenBatch(Message, frozen=True, omit_defaults=True):
     """Worker -> formatter: the next token ids of one request, in order."""
 
     token_ids: tuple[int, ...]
@@ -662,7 +665,7 @@ class WorkerLoad(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     ts: float = 0.0
 
 
-class RequestPhase(Message, frozen=True):
+class RequestPhase(Message, frozen=True, omit_defaults=True):
     """Worker -> routers on ``<ns>.v1.lifecycle.<worker_id>``: ``prefill_done`` or ``finished``."""
 
     worker_id: str
@@ -688,7 +691,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     busy: bool = False
 
 
-class RouteDecision(Message, frozen=True):
+class RouteDecision(Message, frozen=True, omit_defaults=True):
     """Router -> peers and observers on ``<ns>.v1.decisions``: where a request went and why."""
 
     router_id: str
