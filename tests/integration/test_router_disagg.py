@@ -179,3 +179,46 @@ async def test_a_client_gone_during_the_prefill_cancels_both_phases(
         assert engine.load().kv_used_blocks == 0
         assert stream.request_id not in load
     assert stream.request_id not in reached
+
+
+async def test_no_prefill_worker_serves_aggregated_and_counts_it(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    async with (
+        running_mocker(nats_url, subjects, model_info, worker_id="dw", role="decode"),
+        running_router(nats_url, subjects, router_mode="kv") as router,
+        Stream(nc, subjects) as stream,
+    ):
+        await _send(nc, subjects, stream)
+        batches = await stream.until_finished(HANG_S)
+        fallback = router.metrics.disagg.labels("fallback")._value.get()
+    assert (batches[0].worker_id, batches[0].prefill_worker_id) == ("dw", "")
+    assert fallback == 1
+
+
+async def test_data_parallel_ranks_are_targets_and_a_rank_pin_is_honoured(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    ranks: set[int] = set()
+    async with (
+        running_mocker(nats_url, subjects, model_info, worker_id="w", data_parallel_size=2),
+        running_router(nats_url, subjects, router_mode="round-robin"),
+    ):
+        for _ in range(4):
+            async with Stream(nc, subjects) as stream:
+                await _send(nc, subjects, stream)
+                ranks |= {b.dp_rank for b in await stream.until_finished(HANG_S)}
+        async with Stream(nc, subjects) as pinned:
+            gen = Generate(
+                request_id=pinned.request_id,
+                model=MODEL,
+                token_ids=PROMPT,
+                sampling=SamplingParams(max_tokens=4, ignore_eos=True),
+                stream_to=pinned.subject,
+                worker_id="w",
+                routing=RoutingHints(dp_rank=1),
+            )
+            await nc.publish(subjects.route, codec.encode(gen), reply=pinned.subject)
+            pinned_ranks = {b.dp_rank for b in await pinned.until_finished(HANG_S)}
+    assert ranks == {0, 1}
+    assert pinned_ranks == {1}
