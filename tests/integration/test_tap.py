@@ -51,7 +51,7 @@ async def test_since_seq_replays_the_stream_in_order(nats_url: str, subjects: Su
     assert lines[2]["fields"] == {
         "worker_id": "w1",
         "event_id": 2,
-        "events": [{"type": "AllBlocksCleared"}],
+        "events": [{"type": "AllBlocksCleared", "dp_rank": 0}],  # every field, as decoded
         "ts": 0.0,
     }
 
