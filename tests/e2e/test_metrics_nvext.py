@@ -1,5 +1,6 @@
 """Prometheus ``/metrics`` of the gateway, preprocessor and formatter after real requests; and
-``nvext``: a pinned worker is echoed back in ``nvext.worker_id``, an unknown one is a 400 naming the header."""
+``nvext``: a pinned worker is echoed back in ``nvext.worker_id``, an unknown one is a 400
+naming the header."""
 
 from __future__ import annotations
 
