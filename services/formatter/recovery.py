@@ -195,14 +195,8 @@ class Recovery:
     async def _check_routed(self, state: RequestFormatter) -> None:
         """If no router knows the request, a router died holding it (or its Generate was lost)."""
         request_id = state.open.request_id
-        query = codec.encode(RouteQuery(request_id=request_id))
-        try:
-            reply = await self._nc.request(
-                self._subjects.route_status, query, timeout=ROUTE_QUERY_TIMEOUT_S
-            )
-            status = codec.decode(reply.data, RouteStatus)
-        except (nats.errors.Error, codec.DecodeError) as exc:
-            log.debug("route_check_failed", request_id=request_id, error=str(exc))
+        status = await self._route_status(request_id)
+        if status is None:
             state.route_checked = False  # nothing learned: ask again at the next sweep
             return
         if status.worker_id is not None:
@@ -251,18 +245,26 @@ class Recovery:
             if isinstance(outcome, NotMigrated):  # it may just be slow: the idle timeout decides
                 log.warning("request_not_migrated", worker_id=worker_id, why=outcome.reason)
 
-    async def _current_worker(self, state: RequestFormatter, worker_id: str) -> str:
-        """Before a first token, the worker that holds the request can change: a disaggregated
-        request moves from its prefill worker to its decode worker (decision 024), so the
-        routers are asked again which one has it now (``worker_id`` if none answers)."""
-        query = codec.encode(RouteQuery(request_id=state.open.request_id))
+    async def _route_status(self, request_id: str) -> RouteStatus | None:
+        """Ask the routers which worker has the request; None when nothing was learned."""
+        query = codec.encode(RouteQuery(request_id=request_id))
         try:
             reply = await self._nc.request(
                 self._subjects.route_status, query, timeout=ROUTE_QUERY_TIMEOUT_S
             )
-            current = codec.decode(reply.data, RouteStatus).worker_id
-        except (nats.errors.Error, codec.DecodeError):
+            return codec.decode(reply.data, RouteStatus)
+        except (nats.errors.Error, codec.DecodeError) as exc:
+            log.debug("route_check_failed", request_id=request_id, error=str(exc))
+            return None
+
+    async def _current_worker(self, state: RequestFormatter, worker_id: str) -> str:
+        """Before a first token, the worker that holds the request can change: a disaggregated
+        request moves from its prefill worker to its decode worker (decision 024), so the
+        routers are asked again which one has it now (``worker_id`` if none answers)."""
+        status = await self._route_status(state.open.request_id)
+        if status is None:
             return worker_id
+        current = status.worker_id
         if current is None or current == worker_id or state.worker_id != worker_id:
             return worker_id
         state.worker_id = current

@@ -139,9 +139,13 @@ def routing(
             param="nvext.allowed_worker_ids",
         )
     body_prefill = None if ext.prefill_worker_id is None else str(ext.prefill_worker_id)
-    prefill = _agreed(body_prefill, headers.prefill_instance_id, "nvext.prefill_worker_id")
-    if body_prefill is not None:
-        _check_worker_id(body_prefill, "nvext.prefill_worker_id")
+    header = headers.prefill_instance_id
+    prefill = _pinned_worker(
+        body_prefill,
+        header.value if header is not None else None,
+        header.name if header is not None else "",
+        "nvext.prefill_worker_id",
+    )
     dp_rank = _agreed_rank(ext.dp_rank, headers.dp_rank, "nvext.dp_rank")
     prefill_rank = _agreed_rank(
         ext.prefill_dp_rank, headers.prefill_dp_rank, "nvext.prefill_dp_rank"
@@ -196,14 +200,6 @@ def _decode_pin(ext: Nvext) -> tuple[str, str | None]:
     if decode is not None:
         return "nvext.decode_worker_id", decode
     return "nvext.backend_instance_id", backend
-
-
-def _agreed(body: str | None, header: Header | None, param: str) -> str | None:
-    if header is None:
-        return body
-    if body is not None and body != header.value:
-        raise InvalidRequest(f"`{param}` and `{header.name}` name different workers.", param=param)
-    return header.value
 
 
 def _agreed_rank(body: int | None, header: Header | None, param: str) -> int | None:

@@ -22,6 +22,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import msgspec
 import nats.errors
@@ -112,6 +113,14 @@ def core_settings(config: RouterConfig) -> CoreSettings:
 
 def _stream_to(gen: Generate) -> str:
     return gen.stream_to
+
+
+def _for_worker(gen: Generate, worker_id: str, dp_rank: int, **changes: Any) -> Generate:
+    """``gen`` as one worker's rank gets it (a phase's ``changes`` too). The block hashes were
+    for routing: the worker's engine hashes in its own way."""
+    return msgspec.structs.replace(
+        gen, worker_id=worker_id, dp_rank=dp_rank, block_hashes=(), hash_block_size=0, **changes
+    )
 
 
 class Router:
@@ -280,14 +289,7 @@ class Router:
             return
         remote = decision.disagg == "remote" and gen.kv_transfer is None
         if not remote:
-            # The block hashes were for routing: the worker's engine hashes in its own way.
-            routed = msgspec.structs.replace(
-                gen,
-                worker_id=decision.worker_id,
-                dp_rank=decision.dp_rank,
-                block_hashes=(),
-                hash_block_size=0,
-            )
+            routed = _for_worker(gen, decision.worker_id, decision.dp_rank)
             # A worker gone since its last heartbeat bounces this back: retry another one.
             reply = self._bounces.reply_for(gen.request_id, (gen, (*tried, decision.worker_id)))
             await self._nc.publish(
@@ -370,14 +372,12 @@ class Router:
     async def _prefill(self, gen: Generate, decision: RouteDecision) -> PrefillOutcome:
         """Send the prefill phase and wait for how it ended."""
         worker_id = decision.prefill_worker_id
-        phase = msgspec.structs.replace(
+        phase = _for_worker(
             gen,
-            worker_id=worker_id,
-            dp_rank=decision.prefill_dp_rank,
+            worker_id,
+            decision.prefill_dp_rank,
             sampling=msgspec.structs.replace(gen.sampling, max_tokens=1, min_tokens=0, n=1),
             prefill_to=self._subjects.prefill_result(self.router_id),
-            block_hashes=(),
-            hash_block_size=0,
         )
         self._prefills.expect(gen.request_id, worker_id)
         reply = self._bounces.reply_for(gen.request_id, (phase, (worker_id,)))
@@ -394,14 +394,7 @@ class Router:
         """Send the decode phase, with where to pull the prompt's KV from."""
         self.core.load.prefill_finished(gen.request_id)
         transfer = msgspec.structs.replace(result.kv_transfer, cached_tokens=result.cached_tokens)
-        decode = msgspec.structs.replace(
-            gen,
-            worker_id=decision.worker_id,
-            dp_rank=decision.dp_rank,
-            kv_transfer=transfer,
-            block_hashes=(),
-            hash_block_size=0,
-        )
+        decode = _for_worker(gen, decision.worker_id, decision.dp_rank, kv_transfer=transfer)
         # A decode worker gone meanwhile bounces it: routed again, decode phase only.
         unpinned = msgspec.structs.replace(gen, kv_transfer=transfer)
         reply = self._bounces.reply_for(gen.request_id, (unpinned, (*tried, decision.worker_id)))

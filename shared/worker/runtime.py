@@ -248,10 +248,14 @@ class WorkerRuntime:
     async def _free_slot(self, gen: Generate, _: ServiceError) -> None:
         """A rejected or failed request: routers free its slot; a decode phase never admitted
         releases its source's blocks."""
+        await self._release_unadmitted(gen)
+        await self.publisher.phase(gen.request_id, "finished", gen.dp_rank)
+
+    async def _release_unadmitted(self, gen: Generate) -> None:
+        """A decode phase that never ran here: its prefill worker may unpin the blocks."""
         if gen.kv_transfer is not None and gen.request_id not in self._handoffs.releases:
             source = gen.kv_transfer.source_worker_id
             await self._release(self._subjects.kv_release(source), gen.request_id)
-        await self.publisher.phase(gen.request_id, "finished", gen.dp_rank)
 
     async def _drop_cancelled(self, gen: Generate) -> None:
         """The client gave up before this request reached us: end it without generating."""
@@ -260,9 +264,7 @@ class WorkerRuntime:
             failure = RequestCancelled(PREFILL_CANCELLED)
             await self._nc.publish(gen.prefill_to, codec.encode(failure.to_message(gen.request_id)))
         else:
-            if gen.kv_transfer is not None:
-                source = gen.kv_transfer.source_worker_id
-                await self._release(self._subjects.kv_release(source), gen.request_id)
+            await self._release_unadmitted(gen)
             ended = TokenBatch(
                 request_id=gen.request_id,
                 token_ids=(),
