@@ -47,7 +47,7 @@ WORKDIR /home/jetserve
 # the build if any service cannot be imported.
 RUN python -c "from shared.model_dir import default_model_dir, ensure_default_model_dir; \
 ensure_default_model_dir(default_model_dir()); \
-import services.gateway.app, services.preprocessor.service, services.router.service, \
+import services.gateway.http.app, services.preprocessor.service, services.router.service, \
 services.formatter.service, services.mocker.service"
 EXPOSE 8000 8001
 CMD ["python", "-m", "services.gateway"]

@@ -8,7 +8,7 @@ Servers, each run in a fresh process of its own (this module with ``--serve MODE
 prints the port it bound), all on uvloop:
 
 - ``grpcaio``: ``grpc.aio.server()``; HTTP/2 and gRPC framing run in C on grpc core's threads.
-- ``own``: ``services.gateway.grpcserver.server.Server`` (``Http2Settings()``, 64 MiB message
+- ``own``: ``services.gateway.grpc.http2.server.Server`` (``Http2Settings()``, 64 MiB message
   limits); HTTP/2 and gRPC framing run in Python on the event loop.
 - ``http``: uvicorn (httptools) with a raw ASGI app.
 
@@ -50,9 +50,9 @@ import uvloop
 
 from bench.httpclient import Connection
 from bench.serving import cpu_s
-from services.gateway.grpcserver.calls import CallLimits
-from services.gateway.grpcserver.connection import Http2Settings
-from services.gateway.grpcserver.server import Server
+from services.gateway.grpc.http2.calls import CallLimits
+from services.gateway.grpc.http2.connection import Http2Settings
+from services.gateway.grpc.http2.server import Server
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve import grpc_service_pb2_grpc as pb_grpc
 

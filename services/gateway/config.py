@@ -8,7 +8,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.gateway.auth import read_keys
+from services.gateway.core.auth import read_keys
 from shared.config import CommonConfig, computed_setting, setting
 from shared.registry import DEFAULT_WORKER_TTL_S
 from shared.subjects import check_token

@@ -13,11 +13,11 @@ from typing import Any
 
 import uvicorn
 
-from services.gateway.app import create_app
-from services.gateway.bus import GatewayBus
+from services.gateway.core.bus import GatewayBus
 from services.gateway.config import GatewayConfig
-from services.gateway.metrics import GatewayMetrics
-from services.gateway.relay import Readiness
+from services.gateway.core.metrics import GatewayMetrics
+from services.gateway.http.app import create_app
+from services.gateway.http.relay import Readiness
 from shared.lifecycle import settle_heap
 from shared.metrics import serve_metrics
 

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from services.cli.stack import Stack
 from services.embedder.model import DEFAULT_EMBEDDING_MODEL
-from services.gateway.openapi import ENDPOINTS
+from services.gateway.http.openapi import ENDPOINTS
 from tests.e2e.conftest import MODEL, serving_models
 from tests.e2e.test_fuzz_api import _SETTINGS, ANY_JSON, CLIENT_TIMEOUT_S, NAME, SCHEMA, TEXT
 

@@ -16,9 +16,9 @@ import uvicorn
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from services.gateway.app import create_app
-from services.gateway.bus import GatewayBus
+from services.gateway.core.bus import GatewayBus
 from services.gateway.config import GatewayConfig
+from services.gateway.http.app import create_app
 from shared import codec
 from shared.messages import Preprocess, ResponseChunk, StreamHeld, StreamResume
 from shared.subjects import Subjects

@@ -20,9 +20,9 @@ import hpack
 from google.protobuf.wrappers_pb2 import BytesValue
 from h2.settings import SettingCodes
 
-from services.gateway.grpcserver.calls import CallLimits
-from services.gateway.grpcserver.connection import Http2Settings
-from services.gateway.grpcserver.server import Server
+from services.gateway.grpc.http2.calls import CallLimits
+from services.gateway.grpc.http2.connection import Http2Settings
+from services.gateway.grpc.http2.server import Server
 
 SERVICE = "test.Probe"
 LIMITS = CallLimits(max_receive=1 << 20, max_send=4 << 20)

@@ -26,9 +26,9 @@ from tokenizers import Tokenizer
 from services.embedder.config import EmbedderConfig
 from services.embedder.model import DEFAULT_EMBEDDING_MODEL, ensure_embedding_model_dir
 from services.embedder.service import EmbedderService
-from services.gateway.bus import GatewayBus
+from services.gateway.apis.embeddings import EmbeddingRequest, create_embeddings
+from services.gateway.core.bus import GatewayBus
 from services.gateway.config import GatewayConfig
-from services.gateway.embeddings import EmbeddingRequest, create_embeddings
 from services.preprocessor.config import PreprocessorConfig
 from services.preprocessor.service import serving as preprocessor_serving
 from services.router.config import RouterConfig

@@ -27,8 +27,8 @@ from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
 from services.cli.stack import free_port, nats_server_binary, nats_server_command, wait_for_port
-from services.gateway.bus import BUS_LOST_GRACE_S
-from services.gateway.inbox import STALL_PROBE_S
+from services.gateway.core.bus import BUS_LOST_GRACE_S
+from services.gateway.core.inbox import STALL_PROBE_S
 from shared import codec
 from shared.bus import connect
 from shared.messages import (

@@ -23,7 +23,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from services.gateway.kserve import join_bytes
+from services.gateway.apis.kserve import join_bytes
 from shared import codec
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve import grpc_service_pb2_grpc as pb_grpc

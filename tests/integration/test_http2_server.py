@@ -23,9 +23,9 @@ from google.protobuf.wrappers_pb2 import BytesValue
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
-from services.gateway.grpcserver.calls import CallLimits
-from services.gateway.grpcserver.connection import Http2Settings
-from services.gateway.grpcserver.server import Server
+from services.gateway.grpc.http2.calls import CallLimits
+from services.gateway.grpc.http2.connection import Http2Settings
+from services.gateway.grpc.http2.server import Server
 from tests.integration.http2_support import (
     ACK,
     DEFAULT_WINDOW,

@@ -19,9 +19,9 @@ from litestar import Litestar
 from litestar.exceptions import HTTPException
 from nats.aio.client import Client
 
-from services.gateway.app import render_http_exception, render_service_error, render_unexpected
-from services.gateway.bus import GatewayBus
-from services.gateway.media import build_media_routes
+from services.gateway.apis.media import build_media_routes
+from services.gateway.core.bus import GatewayBus
+from services.gateway.http.app import render_http_exception, render_service_error, render_unexpected
 from services.media.config import DEFAULT_IMAGE_MODEL, DEFAULT_VIDEO_MODEL, MediaConfig
 from services.media.service import MediaService, build_service
 from shared.errors import ServiceError

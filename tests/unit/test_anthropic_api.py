@@ -8,17 +8,17 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.gateway import sse
-from services.gateway.admission import Admission
-from services.gateway.anthropic_api import (
+from services.gateway.apis.anthropic import (
     messages_to_preprocess,
     parse_count_tokens,
     parse_messages,
     to_chat,
 )
-from services.gateway.app import create_app
+from services.gateway.core.admission import Admission
 from services.gateway.config import GatewayConfig
-from services.gateway.responses import ANTHROPIC, anthropic_status
+from services.gateway.http import sse
+from services.gateway.http.app import create_app
+from services.gateway.http.error_dialects import ANTHROPIC, anthropic_status
 from shared.errors import (
     AllWorkersBusy,
     InvalidRequest,

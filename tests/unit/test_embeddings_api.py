@@ -13,8 +13,7 @@ from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
 from services.embedder.vectors import to_float32_le
-from services.gateway.app import render_service_error
-from services.gateway.embeddings import (
+from services.gateway.apis.embeddings import (
     BATCH_INPUTS,
     BATCH_UNITS,
     MAX_INPUTS,
@@ -28,6 +27,7 @@ from services.gateway.embeddings import (
     parse,
     response_body,
 )
+from services.gateway.http.app import render_service_error
 from shared.errors import InvalidRequest, ModelNotFound, NoWorkerAvailable, ServiceError
 from shared.messages import Embed, EmbedResult, ModelCard
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.errors import StreamGap
-from services.gateway.inbox import HOLE_REASK_S, STALL_PROBE_S, Inbox, Probe
-from services.gateway.retry import RetryBudget
+from services.gateway.core.errors import StreamGap
+from services.gateway.core.inbox import HOLE_REASK_S, STALL_PROBE_S, Inbox, Probe
+from services.gateway.core.retry import RetryBudget
 from shared.errors import FormatterLost
 from shared.messages import StreamHeld
 

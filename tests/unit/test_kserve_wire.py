@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from services.gateway.kserve import fill_text
+from services.gateway.apis.kserve import fill_text
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve_wire import TextResponses, usage_parameters
 

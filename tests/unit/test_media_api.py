@@ -11,9 +11,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.gateway.bodies import UnknownField
-from services.gateway.errors import NoResponders
-from services.gateway.media import (
+from services.gateway.apis.bodies import UnknownField
+from services.gateway.apis.media import (
     generate,
     image_body,
     image_message,
@@ -22,6 +21,7 @@ from services.gateway.media import (
     video_body,
     video_message,
 )
+from services.gateway.core.errors import NoResponders
 from shared import codec
 from shared.errors import InvalidRequest, ModelNotFound, NoWorkerAvailable, UpstreamTimeout
 from shared.messages import MediaGenerate, MediaResult, ModelCard, RequestFailed

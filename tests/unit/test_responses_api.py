@@ -8,7 +8,7 @@ import msgspec
 import pytest
 from openai.types.responses import Response
 
-from services.gateway.responses_api import (
+from services.gateway.apis.openai_responses_api import (
     echo_fields,
     parse_responses,
     responses_to_preprocess,

@@ -12,7 +12,7 @@ from services.cli.top.events import BusEvents
 from services.cli.top.frame import Frame, build_frame
 from services.cli.top.stats import Scrape, parse
 from services.cli.top.view import render
-from services.gateway.metrics import GatewayMetrics
+from services.gateway.core.metrics import GatewayMetrics
 from services.router.metrics import RouterMetrics
 from shared.messages import RequestPhase, RouteDecision, TokenBatch, WorkerCard, WorkerLoad
 from shared.worker.metrics import WorkerMetrics

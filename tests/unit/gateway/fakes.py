@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.gateway.bus import Inbox, Reply, ReplyItem
+from services.gateway.core.bus import Inbox, Reply, ReplyItem
 from shared.messages import ModelCard, Preprocess, TensorInfer, WorkerCard
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

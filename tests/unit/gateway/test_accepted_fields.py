@@ -8,8 +8,8 @@ import pytest
 from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
 
-from services.gateway.accepted_fields import CONDITIONAL, IGNORED, NVEXT_IGNORED
-from services.gateway.openai_types import (
+from services.gateway.apis.accepted_fields import CONDITIONAL, IGNORED, NVEXT_IGNORED
+from services.gateway.apis.openai_types import (
     ChatCompletionRequest,
     CompletionRequest,
     Nvext,

@@ -14,11 +14,11 @@ from litestar.testing import AsyncTestClient
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from services.gateway.admission import Admission
-from services.gateway.app import create_app
+from services.gateway.core.admission import Admission
 from services.gateway.config import GatewayConfig
-from services.gateway.metrics import GatewayMetrics
-from services.gateway.stalls import BoundedSend
+from services.gateway.core.metrics import GatewayMetrics
+from services.gateway.http.app import create_app
+from services.gateway.http.stalls import BoundedSend
 from shared.errors import InvalidRequest, Overloaded
 from shared.messages import ResponseChunk
 from tests.unit.gateway.fakes import CHAT, FakeBus

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from litestar.testing import AsyncTestClient
 
-from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
-from services.gateway.relay import Readiness
+from services.gateway.http.app import create_app
+from services.gateway.http.relay import Readiness
 from shared.messages import WorkerCard
 from tests.unit.gateway.fakes import CHAT, FakeBus
 

@@ -1,4 +1,4 @@
-"""API keys (``services.gateway.auth``): which paths and methods need one, which headers carry
+"""API keys (``services.gateway.core.auth``): which paths and methods need one, which headers carry
 one, and how keys are read from the flag and the file."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway.auth import ApiKeys, read_keys
+from services.gateway.core.auth import ApiKeys, read_keys
 
 KEYS = ApiKeys(["alpha", "beta"])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.context import request_id_from
+from services.gateway.core.context import request_id_from
 
 
 def test_valid_client_request_id_is_kept() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from services.gateway import sse
-from services.gateway.errors import ClientDisconnected
+from services.gateway.core.errors import ClientDisconnected
+from services.gateway.http import sse
 from shared.errors import UpstreamTimeout, from_message
 from shared.messages import RequestFailed
 

@@ -7,8 +7,8 @@ import asyncio
 import struct
 from typing import Any
 
-from services.gateway.grpcserver.calls import Call, CallLimits
-from services.gateway.grpcserver.connection import Http2Connection, Http2Settings
+from services.gateway.grpc.http2.calls import Call, CallLimits
+from services.gateway.grpc.http2.connection import Http2Connection, Http2Settings
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 PING, SETTINGS = 0x6, 0x4

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.gateway.grpcserver.budgets import RATES, Budgets, Flood, Rate
+from services.gateway.grpc.http2.budgets import RATES, Budgets, Flood, Rate
 
 
 def test_a_burst_is_allowed_then_one_more_is_refused() -> None:

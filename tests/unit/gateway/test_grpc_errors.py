@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from services.gateway.errors import ClientDisconnected, DuplicateRequestId, NoResponders
-from services.gateway.grpc_errors import status_code
+from services.gateway.core.errors import ClientDisconnected, DuplicateRequestId, NoResponders
+from services.gateway.grpc.status import status_code
 from shared.errors import (
     AllWorkersBusy,
     AllWorkersOverloaded,

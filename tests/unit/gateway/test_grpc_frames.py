@@ -7,7 +7,7 @@ import struct
 import hpack
 import pytest
 
-from services.gateway.grpcserver.frames import (
+from services.gateway.grpc.http2.frames import (
     RESPONSE_HEADERS,
     TABLE_SIZE_ZERO,
     TRAILERS_OK,

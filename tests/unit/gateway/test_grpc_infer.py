@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from services.gateway.apis.kserve import join_bytes
 from services.gateway.config import GatewayConfig
-from services.gateway.context import RequestContext
-from services.gateway.errors import NoResponders
-from services.gateway.grpc_infer import Inference
-from services.gateway.kserve import join_bytes
-from services.gateway.relay import Readiness
+from services.gateway.core.context import RequestContext
+from services.gateway.core.errors import NoResponders
+from services.gateway.grpc.infer import Inference
+from services.gateway.http.relay import Readiness
 from shared.errors import InternalError, InvalidRequest, ShuttingDown, UpstreamTimeout
 from shared.kserve import grpc_service_pb2 as pb
 from shared.messages import (

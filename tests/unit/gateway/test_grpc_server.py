@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from services.gateway.config import GatewayConfig
-from services.gateway.grpc_server import bind_address, http2_settings
-from services.gateway.grpcserver.connection import Http2Settings
+from services.gateway.grpc.http2.connection import Http2Settings
+from services.gateway.grpc.server import bind_address, http2_settings
 
 
 def test_unset_windows_are_the_defaults() -> None:

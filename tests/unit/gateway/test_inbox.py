@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.gateway.bus import Inbox
-from services.gateway.errors import ClientTooSlow
+from services.gateway.core.bus import Inbox
+from services.gateway.core.errors import ClientTooSlow
 from shared.messages import ResponseChunk
 
 

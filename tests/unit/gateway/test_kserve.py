@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from services.gateway.kserve import (
+from services.gateway.apis.kserve import (
     check_output,
     datatype_of_config,
     fill_tensors,

@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from services.gateway.kserve import join_bytes
-from services.gateway.kserve_models import (
+from services.gateway.apis.kserve import join_bytes
+from services.gateway.apis.kserve_models import (
     LLM_SPEC,
     check_inputs,
     check_version,
@@ -17,7 +17,7 @@ from services.gateway.kserve_models import (
     text_request,
     view_of,
 )
-from services.gateway.translate import completion_from, completion_to_preprocess
+from services.gateway.apis.openai import completion_from, completion_to_preprocess
 from shared.errors import InternalError, InvalidRequest, NotFound
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve import model_config_pb2 as mc

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from litestar.testing import AsyncTestClient
 
-from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
-from services.gateway.metrics import GatewayMetrics, endpoint_of
+from services.gateway.core.metrics import GatewayMetrics, endpoint_of
+from services.gateway.http.app import create_app
 from shared.messages import ResponseChunk
 from tests.unit.gateway.fakes import CHAT, FakeBus
 

@@ -7,8 +7,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.gateway.nvext import Header, routing
-from services.gateway.translate import (
+from services.gateway.apis.nvext import Header, routing
+from services.gateway.apis.openai import (
     NO_HEADERS,
     RoutingHeaders,
     chat_to_preprocess,

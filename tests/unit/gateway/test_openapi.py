@@ -9,8 +9,8 @@ import msgspec
 
 from services.formatter.pieces import ChoiceEnd, ChoiceResult, Collected
 from services.formatter.shapers import ChatShaper, openai_chat, openai_completion
-from services.gateway.openai_types import ChatCompletionRequest, ErrorResponse
-from services.gateway.openapi import ENDPOINTS, Endpoint, with_inference
+from services.gateway.apis.openai_types import ChatCompletionRequest, ErrorResponse
+from services.gateway.http.openapi import ENDPOINTS, Endpoint, with_inference
 from shared import api_objects
 from shared.api_objects import usage
 from tests.unit.formatter.test_shapers_openai_chat import chat_open

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from litestar.testing import AsyncTestClient
 
-from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
+from services.gateway.http.app import create_app
 from shared.errors import from_message
 from shared.messages import RequestFailed, RoutingHints
 from tests.unit.gateway.fakes import CHAT, FakeBus

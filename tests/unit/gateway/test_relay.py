@@ -17,11 +17,11 @@ import pytest
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
-from services.gateway.errors import DuplicateRequestId
-from services.gateway.metrics import GatewayMetrics
-from services.gateway.relay import Readiness
+from services.gateway.core.errors import DuplicateRequestId
+from services.gateway.core.metrics import GatewayMetrics
+from services.gateway.http.app import create_app
+from services.gateway.http.relay import Readiness
 from shared.errors import ModelNotFound, NoWorkerAvailable, from_message
 from shared.messages import RequestFailed, ResponseChunk
 from tests.unit.gateway.fakes import CHAT, FakeBus

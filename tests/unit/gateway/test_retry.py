@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.retry import MAX_DELAY_S, RetryBudget, attempt_id
+from services.gateway.core.retry import MAX_DELAY_S, RetryBudget, attempt_id
 
 
 @pytest.mark.parametrize(

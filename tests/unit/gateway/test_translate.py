@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.gateway.translate import (
+from services.gateway.apis.openai import (
     chat_to_preprocess,
     completion_from,
     completion_to_preprocess,

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.gateway.translate import (
+from services.gateway.apis.openai import (
     NO_HEADERS,
     RoutingHeaders,
     UnknownField,

@@ -14,11 +14,11 @@ import msgspec
 from litestar import Request, Response, get
 from litestar.handlers import HTTPRouteHandler
 
-from services.gateway import openai_responses as out
-from services.gateway.bus import GatewayBus
-from services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from services.gateway.openapi import DOCS_PATH, swagger_page
-from services.gateway.relay import Readiness
+from services.gateway.apis import openapi_own as out
+from services.gateway.core.bus import GatewayBus
+from services.gateway.core.metrics import CONTENT_TYPE, GatewayMetrics
+from services.gateway.http.openapi import DOCS_PATH, swagger_page
+from services.gateway.http.relay import Readiness
 from shared.messages import WORKER_ROLES, WorkerCard
 
 JSON = "application/json"

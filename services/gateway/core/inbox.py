@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from services.gateway.errors import ClientTooSlow, StreamGap
+from services.gateway.core.errors import ClientTooSlow, StreamGap
 from shared.errors import FormatterLost, ServiceError
 from shared.messages import ResponseChunk, StreamHeld, TensorResult
 

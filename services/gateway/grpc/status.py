@@ -26,7 +26,7 @@ BY_CODE: dict[str, grpc.StatusCode] = {
     "internal_error": grpc.StatusCode.INTERNAL,
     "invalid_api_key": grpc.StatusCode.UNAUTHENTICATED,
 }
-"""Known error codes (``shared.errors``, ``services.gateway.errors``)."""
+"""Known error codes (``shared.errors``, ``services.gateway.core.errors``)."""
 BY_STATUS: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,

@@ -30,10 +30,10 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from services.gateway.bodies import Decoders, invalid
-from services.gateway.nvext import NO_HEADERS, RoutingHeaders
-from services.gateway.openai_types import ChatCompletionRequest, Penalty
-from services.gateway.translate import chat_from, chat_to_preprocess
+from services.gateway.apis.bodies import Decoders, invalid
+from services.gateway.apis.nvext import NO_HEADERS, RoutingHeaders
+from services.gateway.apis.openai import chat_from, chat_to_preprocess
+from services.gateway.apis.openai_types import ChatCompletionRequest, Penalty
 from shared.errors import InvalidRequest
 from shared.messages import Preprocess
 

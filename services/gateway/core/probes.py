@@ -16,7 +16,7 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 
-from services.gateway.inbox import Inbox
+from services.gateway.core.inbox import Inbox
 from shared import codec
 from shared.messages import StreamHeld, StreamResume
 from shared.subjects import Subjects

@@ -15,21 +15,22 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
-from services.gateway import anthropic_api, responses_api
-from services.gateway.anthropic_api import (
+from services.gateway.apis import anthropic as anthropic_api
+from services.gateway.apis import openai_responses_api as responses_api
+from services.gateway.apis.anthropic import (
     messages_to_preprocess,
     parse_count_tokens,
     parse_messages,
 )
-from services.gateway.nvext import RoutingHeaders
-from services.gateway.responses import ANTHROPIC, OPENAI, RESPONSES, ErrorDialect
-from services.gateway.responses_api import parse_responses, responses_to_preprocess
-from services.gateway.translate import (
+from services.gateway.apis.nvext import RoutingHeaders
+from services.gateway.apis.openai import (
     chat_to_preprocess,
     completion_to_preprocess,
     parse_chat,
     parse_completion,
 )
+from services.gateway.apis.openai_responses_api import parse_responses, responses_to_preprocess
+from services.gateway.http.error_dialects import ANTHROPIC, OPENAI, RESPONSES, ErrorDialect
 from shared.messages import Preprocess
 
 CHAT_PATH = "/v1/chat/completions"

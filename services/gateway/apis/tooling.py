@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from services.gateway.openai_types import (
+from services.gateway.apis.openai_types import (
     ChatCompletionRequest,
     LegacyFunctionCall,
     NamedToolChoice,

@@ -30,8 +30,8 @@ from typing import Any, NoReturn
 import grpc
 import structlog
 
-from services.gateway.grpcserver.connection import Stream, StreamReset
-from services.gateway.grpcserver.frames import (
+from services.gateway.grpc.http2.connection import Stream, StreamReset
+from services.gateway.grpc.http2.frames import (
     MESSAGE_PREFIX,
     RESPONSE_HEADERS,
     TRAILERS_OK,

@@ -19,13 +19,17 @@ from litestar import Request
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 
-from services.gateway import api_responses as api
-from services.gateway import openai_responses as out
-from services.gateway.anthropic_api import CountTokensRequest, MessagesRequest
-from services.gateway.embeddings import EmbeddingRequest, EmbeddingResponse
-from services.gateway.media import ImageRequest, ImagesResponse, VideoRequest, VideoResponse
-from services.gateway.openai_types import ChatCompletionRequest, CompletionRequest, ErrorResponse
-from services.gateway.responses_api import ResponsesRequest
+from services.gateway.apis import openapi_own as out
+from services.gateway.apis import openapi_shapes as api
+from services.gateway.apis.anthropic import CountTokensRequest, MessagesRequest
+from services.gateway.apis.embeddings import EmbeddingRequest, EmbeddingResponse
+from services.gateway.apis.media import ImageRequest, ImagesResponse, VideoRequest, VideoResponse
+from services.gateway.apis.openai_responses_api import ResponsesRequest
+from services.gateway.apis.openai_types import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorResponse,
+)
 from shared.api_objects import ChatCompletion, ChatCompletionChunk, Completion
 
 _REF = "#/components/schemas/{name}"

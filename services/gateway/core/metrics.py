@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from services.gateway.admission import Admission
+from services.gateway.core.admission import Admission
 from shared.metrics import ServiceMetrics
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST

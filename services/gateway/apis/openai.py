@@ -14,11 +14,11 @@ from typing import Any, TypeVar
 import msgspec
 import structlog
 
-from services.gateway import nvext as nv
-from services.gateway import tooling
-from services.gateway.accepted_fields import NVEXT_EXTRA_FIELDS as EXTRA_FIELDS
-from services.gateway.bodies import Decoders, UnknownField, invalid
-from services.gateway.nvext import (
+from services.gateway.apis import nvext as nv
+from services.gateway.apis import tooling
+from services.gateway.apis.accepted_fields import NVEXT_EXTRA_FIELDS as EXTRA_FIELDS
+from services.gateway.apis.bodies import Decoders, UnknownField, invalid
+from services.gateway.apis.nvext import (
     MAX_SALT_LEN,
     NO_HEADERS,
     TENANT_HEADER,
@@ -26,7 +26,7 @@ from services.gateway.nvext import (
     RoutingHeaders,
     routing_headers,
 )
-from services.gateway.openai_types import (
+from services.gateway.apis.openai_types import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,

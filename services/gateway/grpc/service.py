@@ -25,23 +25,23 @@ from importlib.metadata import PackageNotFoundError, version
 import grpc
 import structlog
 
-from services.gateway.admission import Admission
-from services.gateway.bus import GatewayBus
-from services.gateway.context import (
+from services.gateway.apis.kserve import stream_error
+from services.gateway.apis.kserve_models import ModelView
+from services.gateway.core.admission import Admission
+from services.gateway.core.bus import GatewayBus
+from services.gateway.core.context import (
     MAX_REQUEST_ID_LEN,
     RequestContext,
     grpc_context,
     grpc_probe_finished,
     note_error,
 )
-from services.gateway.grpc_errors import status_code
-from services.gateway.grpc_infer import Inference
-from services.gateway.grpcserver.calls import Call
-from services.gateway.grpcserver.connection import StreamReset
-from services.gateway.kserve import stream_error
-from services.gateway.kserve_models import ModelView
-from services.gateway.metrics import GatewayMetrics
-from services.gateway.relay import Readiness
+from services.gateway.core.metrics import GatewayMetrics
+from services.gateway.grpc.http2.calls import Call
+from services.gateway.grpc.http2.connection import StreamReset
+from services.gateway.grpc.infer import Inference
+from services.gateway.grpc.status import status_code
+from services.gateway.http.relay import Readiness
 from shared.errors import Overloaded, ServiceError
 from shared.kserve import grpc_service_pb2 as pb
 from shared.subjects import is_token

@@ -17,14 +17,14 @@ from typing import Any, NamedTuple
 import grpc
 import structlog
 
-from services.gateway.grpcserver.calls import SUPPORTED_ENCODINGS, Call, CallLimits, Handler
-from services.gateway.grpcserver.connection import (
+from services.gateway.grpc.http2.calls import SUPPORTED_ENCODINGS, Call, CallLimits, Handler
+from services.gateway.grpc.http2.connection import (
     Headers,
     Http2Connection,
     Http2Settings,
     Stream,
 )
-from services.gateway.grpcserver.frames import ErrorCode, http_status, parse_timeout, trailers
+from services.gateway.grpc.http2.frames import ErrorCode, http_status, parse_timeout, trailers
 
 log = structlog.get_logger(__name__)
 

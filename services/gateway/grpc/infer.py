@@ -16,12 +16,7 @@ from typing import Protocol
 
 import structlog
 
-from services.gateway.bus import GatewayBus, Reply
-from services.gateway.config import GatewayConfig
-from services.gateway.context import RequestContext, note_error
-from services.gateway.errors import NoResponders
-from services.gateway.grpcserver.connection import StreamReset
-from services.gateway.kserve import (
+from services.gateway.apis.kserve import (
     check_output,
     fill_tensors,
     fill_text,
@@ -29,7 +24,7 @@ from services.gateway.kserve import (
     parameters_of,
     request_tensors,
 )
-from services.gateway.kserve_models import (
+from services.gateway.apis.kserve_models import (
     ModelView,
     TextRequest,
     check_inputs,
@@ -38,8 +33,13 @@ from services.gateway.kserve_models import (
     text_request,
     view_of,
 )
-from services.gateway.relay import Readiness
-from services.gateway.translate import completion_from, completion_to_preprocess
+from services.gateway.apis.openai import completion_from, completion_to_preprocess
+from services.gateway.core.bus import GatewayBus, Reply
+from services.gateway.config import GatewayConfig
+from services.gateway.core.context import RequestContext, note_error
+from services.gateway.core.errors import NoResponders
+from services.gateway.grpc.http2.connection import StreamReset
+from services.gateway.http.relay import Readiness
 from shared.errors import (
     InvalidRequest,
     ModelNotFound,

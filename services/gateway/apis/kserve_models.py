@@ -16,7 +16,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from services.gateway.kserve import (
+from services.gateway.apis.kserve import (
     DATATYPES,
     datatype_of_config,
     input_values,

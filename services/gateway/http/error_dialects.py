@@ -20,9 +20,9 @@ import msgspec
 import structlog
 from litestar.types import Send
 
-from services.gateway import sse
-from services.gateway.context import RequestContext, id_header, note_error
-from services.gateway.errors import MethodNotAllowed
+from services.gateway.core.context import RequestContext, id_header, note_error
+from services.gateway.core.errors import MethodNotAllowed
+from services.gateway.http import sse
 from shared.errors import InternalError, InvalidRequest, NotFound, ServiceError
 
 log = structlog.get_logger(__name__)

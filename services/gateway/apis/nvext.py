@@ -33,12 +33,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from services.gateway.accepted_fields import (
+from services.gateway.apis.accepted_fields import (
     NVEXT_ANNOTATIONS,
     NVEXT_EXTRA_FIELDS,
     QUERY_ANNOTATION,
 )
-from services.gateway.openai_types import MAX_DP_RANK, Nvext
+from services.gateway.apis.openai_types import MAX_DP_RANK, Nvext
 from shared.errors import InvalidRequest
 from shared.messages import RoutingHints
 from shared.subjects import is_token

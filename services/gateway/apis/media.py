@@ -33,8 +33,8 @@ from litestar.handlers import HTTPRouteHandler
 from msgspec import Meta
 from structlog.contextvars import get_contextvars
 
-from services.gateway.bodies import Decoders
-from services.gateway.errors import NoResponders
+from services.gateway.apis.bodies import Decoders
+from services.gateway.core.errors import NoResponders
 from shared import codec
 from shared.errors import InvalidRequest, ModelNotFound, NoWorkerAvailable, UpstreamTimeout
 from shared.messages import MediaGenerate, MediaKind, MediaResult, ModelCard, RequestFailed

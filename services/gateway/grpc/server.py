@@ -18,17 +18,17 @@ from grpc_reflection.v1alpha import (  # type: ignore[import-untyped]
     reflection_pb2_grpc,
 )
 
-from services.gateway.admission import Admission
-from services.gateway.auth import ApiKeys
-from services.gateway.bus import GatewayBus
+from services.gateway.core.admission import Admission
+from services.gateway.core.auth import ApiKeys
+from services.gateway.core.bus import GatewayBus
 from services.gateway.config import GatewayConfig
-from services.gateway.grpc_infer import Inference
-from services.gateway.grpc_service import InferenceServicer
-from services.gateway.grpcserver.calls import CallLimits
-from services.gateway.grpcserver.connection import Http2Settings
-from services.gateway.grpcserver.server import Server
-from services.gateway.metrics import GatewayMetrics
-from services.gateway.relay import Readiness
+from services.gateway.core.metrics import GatewayMetrics
+from services.gateway.grpc.http2.calls import CallLimits
+from services.gateway.grpc.http2.connection import Http2Settings
+from services.gateway.grpc.http2.server import Server
+from services.gateway.grpc.infer import Inference
+from services.gateway.grpc.service import InferenceServicer
+from services.gateway.http.relay import Readiness
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve import grpc_service_pb2_grpc as pb_grpc
 

@@ -21,7 +21,7 @@ import structlog
 from litestar.types import HTTPScope, Message, Send
 from structlog.contextvars import bound_contextvars
 
-from services.gateway.metrics import GatewayMetrics
+from services.gateway.core.metrics import GatewayMetrics
 from shared.subjects import is_token
 
 log = structlog.get_logger(__name__)

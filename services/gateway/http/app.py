@@ -28,21 +28,22 @@ from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException
 from litestar.types import ASGIApp, HTTPScope, Receive, Scope, Send
 
-from services.gateway import embeddings, media, responses
-from services.gateway.admission import Admission
-from services.gateway.auth import ApiKeys
-from services.gateway.bus import GatewayBus
+from services.gateway.apis import embeddings, media
+from services.gateway.apis.embeddings import build_embedding_routes
+from services.gateway.apis.media import build_media_routes
+from services.gateway.core.admission import Admission
+from services.gateway.core.auth import ApiKeys
+from services.gateway.core.bus import GatewayBus
 from services.gateway.config import GatewayConfig
-from services.gateway.context import RequestContext, note_error, request_context, send_with_id
-from services.gateway.embeddings import build_embedding_routes
-from services.gateway.endpoints import ENDPOINTS
-from services.gateway.grpc_server import GrpcServer
-from services.gateway.media import build_media_routes
-from services.gateway.metrics import GatewayMetrics
-from services.gateway.openapi import openapi_config
-from services.gateway.relay import PATHS, Readiness, Relay
-from services.gateway.routes import build_routes
-from services.gateway.stalls import BODY_TIMEOUT, SEND_TIMEOUT, BodyDeadline, BoundedSend
+from services.gateway.core.context import RequestContext, note_error, request_context, send_with_id
+from services.gateway.core.metrics import GatewayMetrics
+from services.gateway.grpc.server import GrpcServer
+from services.gateway.http import error_dialects as responses
+from services.gateway.http.endpoints import ENDPOINTS
+from services.gateway.http.openapi import openapi_config
+from services.gateway.http.relay import PATHS, Readiness, Relay
+from services.gateway.http.routes import build_routes
+from services.gateway.http.stalls import BODY_TIMEOUT, SEND_TIMEOUT, BodyDeadline, BoundedSend
 from shared.errors import ServiceError, Unauthenticated
 from shared.notify import notify_ready
 

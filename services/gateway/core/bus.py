@@ -26,10 +26,10 @@ from nats.errors import Error as NatsError
 from nats.errors import MaxPayloadError
 
 from services.gateway.config import GatewayConfig
-from services.gateway.errors import ClientTooSlow, DuplicateRequestId, NoResponders
-from services.gateway.inbox import Inbox, Probe, ReplyItem
-from services.gateway.probes import Prober
-from services.gateway.retry import RetryBudget, attempt_id
+from services.gateway.core.errors import ClientTooSlow, DuplicateRequestId, NoResponders
+from services.gateway.core.inbox import Inbox, Probe, ReplyItem
+from services.gateway.core.probes import Prober
+from services.gateway.core.retry import RetryBudget, attempt_id
 from shared import codec
 from shared.bus import connect, no_responders
 from shared.bus_permissions import inbox_prefix

@@ -38,8 +38,8 @@ from typing import Protocol, cast
 import hpack
 import structlog
 
-from services.gateway.grpcserver.budgets import Budgets, Flood
-from services.gateway.grpcserver.frames import (
+from services.gateway.grpc.http2.budgets import Budgets, Flood
+from services.gateway.grpc.http2.frames import (
     DEFAULT_WINDOW,
     FRAME_HEADER,
     FRAME_HEADER_SIZE,

@@ -26,7 +26,7 @@ from litestar.handlers import HTTPRouteHandler
 from msgspec import Meta
 from structlog.contextvars import get_contextvars
 
-from services.gateway.bodies import Decoders
+from services.gateway.apis.bodies import Decoders
 from shared.errors import InvalidRequest, ModelNotFound
 from shared.messages import Embed, EmbedResult, ModelCard
 

@@ -18,20 +18,20 @@ import msgspec
 import structlog
 from litestar.types import HTTPScope, Receive, Send
 
-from services.gateway import responses
-from services.gateway.bus import GatewayBus, Reply
+from services.gateway.apis.nvext import routing_headers
+from services.gateway.core.bus import GatewayBus, Reply
 from services.gateway.config import GatewayConfig
-from services.gateway.context import RequestContext, note_error
-from services.gateway.endpoints import (
+from services.gateway.core.context import RequestContext, note_error
+from services.gateway.core.errors import ClientDisconnected
+from services.gateway.http import error_dialects as responses
+from services.gateway.http.endpoints import (
     CHAT_PATH,
     COMPLETIONS_PATH,
     ENDPOINTS,
     PATHS,
     Endpoint,
 )
-from services.gateway.errors import ClientDisconnected
-from services.gateway.nvext import routing_headers
-from services.gateway.responses import ErrorDialect
+from services.gateway.http.error_dialects import ErrorDialect
 from shared.errors import (
     InternalError,
     ModelNotFound,
