@@ -8,6 +8,7 @@ overlap learned from the KV-event stream (cached there, not only in flight).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -107,13 +108,18 @@ async def main() -> None:
     nc = await nats.connect(os.environ["JETSERVE_NATS_URL"].split(","), connect_timeout=5)
     js = nc.jetstream()
     kv = await js.key_value(subjects.workers_bucket)
-    try:
-        keys = await kv.keys()
-    except nats.js.errors.NoKeysError:  # none right now: the test says what that means
-        keys = []
-    cards = [codec.decode((await kv.get(k)).value or b"", WorkerCard) for k in keys]
+    # The keys from the stream leader's own count per subject, not from a watcher: an ordered
+    # consumer made just after a leader change can start with no pending messages (empty keys).
+    stream = f"KV_{subjects.workers_bucket}"
+    info = await js.stream_info(stream, subjects_filter=f"$KV.{subjects.workers_bucket}.>")
+    keys = [s.split(".", 2)[2] for s in (info.state.subjects or {})]
+    cards = []
+    for key in keys:
+        with contextlib.suppress(nats.js.errors.KeyNotFoundError):  # deleted or expired since
+            cards.append(codec.decode((await kv.get(key)).value or b"", WorkerCard))
     result: dict[str, Any] = {
         "workers": {c.worker_id: c.heartbeat_at for c in cards},
+        "workers_bucket_messages": info.state.messages,
         "streams": await streams(js, subjects),
     }
     if os.environ.get("JETSERVE_CHECK_OVERLAP") == "1":
