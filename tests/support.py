@@ -6,15 +6,25 @@ once, for ``jetserve up`` and the tests alike).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from services.cli.stack import free_port, nats_server_binary, nats_server_command, wait_for_port
 
-__all__ = ["free_port", "in_ci", "nats_server", "nats_server_binary", "wait_for_port"]
+__all__ = [
+    "eventually",
+    "eventually_async",
+    "free_port",
+    "in_ci",
+    "nats_server",
+    "nats_server_binary",
+    "wait_for_port",
+]
 
 
 @contextmanager
@@ -45,3 +55,27 @@ def nats_server(
 
 def in_ci() -> bool:
     return bool(os.environ.get("CI"))
+
+
+def eventually(
+    check: Callable[[], object], *, timeout_s: float = 10.0, message: str, interval_s: float = 0.02
+) -> None:
+    """Poll ``check`` until it returns something true; past ``timeout_s``, fail with ``message``
+    (and what ``check`` last returned). For conditions a test waits on from a thread or a
+    synchronous test; ``eventually_async`` is the same on an event loop."""
+    deadline = time.monotonic() + timeout_s
+    while not (last := check()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{message} (within {timeout_s:g}s; last: {last!r})")
+        time.sleep(interval_s)
+
+
+async def eventually_async(
+    check: Callable[[], object], *, timeout_s: float = 10.0, message: str, interval_s: float = 0.02
+) -> None:
+    """``eventually`` without blocking the event loop (``check`` is a plain function)."""
+    deadline = time.monotonic() + timeout_s
+    while not (last := check()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{message} (within {timeout_s:g}s; last: {last!r})")
+        await asyncio.sleep(interval_s)

@@ -13,8 +13,31 @@ from shared.config import CommonConfig, computed_setting, setting
 from shared.registry import DEFAULT_WORKER_TTL_S
 from shared.subjects import check_token
 
+PATH_SETTINGS = (
+    "chat_path",
+    "completions_path",
+    "embeddings_path",
+    "responses_path",
+    "messages_path",
+    "images_path",
+    "videos_path",
+    "models_path",
+    "health_path",
+    "live_path",
+    "metrics_path",
+)
+"""The settings that name an HTTP path the gateway serves."""
 WINDOW_MAX = 2**31 - 1
 """HTTP/2's largest flow-control window."""
+
+
+def check_path(value: str) -> str:
+    """An HTTP path setting: absolute, no query, no trailing slash."""
+    if not value.startswith("/") or "?" in value or "#" in value or " " in value:
+        raise ValueError(f"{value!r} is not an HTTP path (it starts with /, no query)")
+    if len(value) > 1 and value.endswith("/"):
+        raise ValueError(f"{value!r}: no trailing slash")
+    return value
 
 
 def _new_gateway_id() -> str:
@@ -140,6 +163,90 @@ class GatewayConfig(CommonConfig):
         gt=0,
     )
 
+    drain_delay_s: float = setting(
+        0.0,
+        "After SIGTERM, keep listening this long while /health and /live answer 503 (so load "
+        "balancers and orchestrators stop sending; what still arrives is served), then stop "
+        "listening and drain within --shutdown-grace-s; 0 = stop listening at once",
+        ge=0,
+    )
+    max_body_bytes: int = setting(
+        10_000_000,
+        "Largest HTTP request body, bytes, on every route (413 past it)",
+        ge=1024,
+    )
+    sse_keep_alive_s: float = setting(
+        0.0,
+        "On a streamed (SSE) response with nothing to send for this long, send a comment line "
+        "(': keep-alive') so proxies and clients keep the connection open; 0 = never (as "
+        "Dynamo's DYN_HTTP_SSE_KEEP_ALIVE_INTERVAL_MS)",
+        ge=0,
+    )
+    chat_path: str = setting(
+        "/v1/chat/completions",
+        "HTTP path of: OpenAI chat completions",
+        parse=check_path,
+        also_env=("DYN_HTTP_SVC_CHAT_PATH",),
+    )
+    completions_path: str = setting(
+        "/v1/completions",
+        "HTTP path of: OpenAI completions",
+        parse=check_path,
+        also_env=("DYN_HTTP_SVC_CMP_PATH",),
+    )
+    embeddings_path: str = setting(
+        "/v1/embeddings",
+        "HTTP path of: OpenAI embeddings",
+        parse=check_path,
+        also_env=("DYN_HTTP_SVC_EMB_PATH",),
+    )
+    responses_path: str = setting(
+        "/v1/responses",
+        "HTTP path of: OpenAI Responses",
+        parse=check_path,
+        also_env=("DYN_HTTP_SVC_RESPONSES_PATH",),
+    )
+    messages_path: str = setting(
+        "/v1/messages",
+        "HTTP path of: Anthropic Messages (count_tokens is under it)",
+        parse=check_path,
+        also_env=("DYN_HTTP_SVC_ANTHROPIC_PATH",),
+    )
+    images_path: str = setting(
+        "/v1/images/generations",
+        "HTTP path of: Image generation",
+        parse=check_path,
+    )
+    videos_path: str = setting(
+        "/v1/videos/generations",
+        "HTTP path of: Video generation",
+        parse=check_path,
+    )
+    models_path: str = setting(
+        "/v1/models",
+        "HTTP path of: The model list",
+        parse=check_path,
+        also_env=("DYN_HTTP_SVC_MODELS_PATH",),
+    )
+    health_path: str = setting(
+        "/health",
+        "HTTP path of: Readiness (503 while draining or with no live model)",
+        parse=check_path,
+        also_env=("DYN_HTTP_SVC_HEALTH_PATH",),
+    )
+    live_path: str = setting(
+        "/live",
+        "HTTP path of: Liveness (503 while draining)",
+        parse=check_path,
+        also_env=("DYN_HTTP_SVC_LIVE_PATH",),
+    )
+    metrics_path: str = setting(
+        "/metrics",
+        "HTTP path of: Prometheus metrics",
+        parse=check_path,
+        also_env=("DYN_HTTP_SVC_METRICS_PATH",),
+    )
+
     allow_unknown_fields: bool = setting(
         False,
         "Ignore (and log) unknown top-level fields in OpenAI request bodies instead of refusing "
@@ -176,8 +283,17 @@ class GatewayConfig(CommonConfig):
         check_tls_pair(self.tls_cert_path, self.tls_key_path)
         if self.api_key_file is not None and not self.api_key_file.is_file():
             raise ValueError(f"--api-key-file {self.api_key_file}: no such file")
+        served = [check_path(getattr(self, name)) for name in PATH_SETTINGS]
+        served.append(self.count_tokens_path)
+        if len(set(served)) != len(served):
+            raise ValueError(f"two routes on one HTTP path: {sorted(served)}")
         if self.protect_metrics and not self.api_keys():
             raise ValueError("--protect-metrics needs API keys (--api-key or --api-key-file)")
+
+    @property
+    def count_tokens_path(self) -> str:
+        """Anthropic's token count, under the Messages path (as Anthropic's API has it)."""
+        return f"{self.messages_path}/count_tokens"
 
     def api_keys(self) -> tuple[str, ...]:
         """Every configured API key (none: authentication is off)."""

@@ -8,16 +8,18 @@ import math
 import signal
 import socket
 import ssl
+import time
 from types import FrameType
 from typing import Any
 
 import uvicorn
 
-from services.gateway.core.bus import GatewayBus
 from services.gateway.config import GatewayConfig
+from services.gateway.core.bus import NatsBus
 from services.gateway.core.metrics import GatewayMetrics
+from services.gateway.core.readiness import Readiness
 from services.gateway.http.app import create_app
-from services.gateway.http.relay import Readiness
+from services.gateway.http.paths import Paths
 from shared.lifecycle import settle_heap
 from shared.metrics import serve_metrics
 
@@ -25,16 +27,37 @@ from shared.metrics import serve_metrics
 class _Server(uvicorn.Server):
     """uvicorn's server, telling the app it is shutting down as soon as a signal arrives."""
 
-    def __init__(self, config: uvicorn.Config, readiness: Readiness) -> None:
+    def __init__(
+        self, config: uvicorn.Config, readiness: Readiness, drain_delay_s: float = 0.0
+    ) -> None:
         super().__init__(config)
         self._readiness = readiness
+        self._drain_delay_s = drain_delay_s
+        self._stop_at: float | None = None
+        """After a SIGTERM with a drain delay: when to stop listening (``time.monotonic()``)."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         settle_heap()  # this process is the gateway's own
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        first = not self._readiness.is_shutting_down
         self._readiness.begin_shutdown()
+        if first and sig == signal.SIGTERM and self._drain_delay_s > 0:
+            # Keep listening a while: /health and /live answer 503, so load balancers and
+            # orchestrators stop sending; what still arrives is served. on_tick stops later.
+            self._stop_at = time.monotonic() + self._drain_delay_s
+            return
+        self._stop(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._stop_at is not None and time.monotonic() >= self._stop_at:
+            self._stop_at = None
+            self._stop(signal.SIGTERM, None)
+        return await super().on_tick(counter)
+
+    def _stop(self, sig: int, frame: FrameType | None) -> None:
+        """uvicorn's exit: stop listening, drain within the grace period, exit 0 on SIGTERM."""
         super().handle_exit(sig, frame)
         if sig == signal.SIGTERM and not self.force_exit:
             # A drain is a clean stop: exit 0, not by the signal uvicorn would raise again.
@@ -45,8 +68,8 @@ def build_server(config: GatewayConfig) -> uvicorn.Server:
     """A uvicorn server for the gateway app; ``run()`` it to serve until SIGTERM/SIGINT."""
     tls = tls_options(config)  # first: a bad certificate fails before anything starts
     readiness = Readiness()
-    metrics = GatewayMetrics()
-    bus = GatewayBus(config, metrics=metrics.base)
+    metrics = GatewayMetrics(routes=Paths.of(config).all())
+    bus = NatsBus(config, metrics=metrics.base)
     app = create_app(config, bus=bus, readiness=readiness, metrics=metrics, serve_grpc=True)
     # /metrics is served on the HTTP port; --metrics-port adds a separate listener if set.
     serve_metrics(metrics.base, config.metrics_port)
@@ -69,7 +92,7 @@ def build_server(config: GatewayConfig) -> uvicorn.Server:
         timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s),
         **tls,
     )
-    return _Server(server_config, readiness)
+    return _Server(server_config, readiness, config.drain_delay_s)
 
 
 class TlsError(ValueError):

@@ -1,6 +1,6 @@
 """Embeddings over a real nats-server: gateway bus → preprocessor → router → mock embedder.
 
-The gateway side is the real ``GatewayBus`` (and ``create_embeddings``, what the HTTP route
+The gateway side is the real ``NatsBus`` (and ``asks.embed``, what the HTTP route
 runs); preprocessor, router and embedders are the real services, in process.
 """
 
@@ -26,9 +26,12 @@ from tokenizers import Tokenizer
 from services.embedder.config import EmbedderConfig
 from services.embedder.model import DEFAULT_EMBEDDING_MODEL, ensure_embedding_model_dir
 from services.embedder.service import EmbedderService
-from services.gateway.apis.embeddings import EmbeddingRequest, create_embeddings
-from services.gateway.core.bus import GatewayBus
+from services.gateway.apis.embeddings import PATH, EmbeddingRequest
 from services.gateway.config import GatewayConfig
+from services.gateway.core import asks
+from services.gateway.core.bus import NatsBus
+from services.gateway.core.context import RequestContext
+from services.gateway.core.exchange import Exchanges
 from services.preprocessor.config import PreprocessorConfig
 from services.preprocessor.service import serving as preprocessor_serving
 from services.router.config import RouterConfig
@@ -71,7 +74,7 @@ class Pipeline:
         self.subjects = subjects
         self.model_dir = model_dir
         self.stack = AsyncExitStack()
-        self.bus: GatewayBus | None = None
+        self.bus: NatsBus | None = None
 
     def _common(self) -> dict[str, Any]:
         return {"nats_url": self.nats_url, "namespace": self.subjects.namespace}
@@ -99,8 +102,8 @@ class Pipeline:
         self.stack.push_async_callback(router.stop)
         return router
 
-    async def gateway(self) -> GatewayBus:
-        bus = GatewayBus(GatewayConfig(**self._common(), gateway_id=uuid.uuid4().hex[:8]))
+    async def gateway(self) -> NatsBus:
+        bus = NatsBus(GatewayConfig(**self._common(), gateway_id=uuid.uuid4().hex[:8]))
         await bus.start()
         self.stack.push_async_callback(bus.stop)
         self.bus = bus
@@ -133,7 +136,7 @@ async def full(pipeline: Pipeline) -> Pipeline:
     return pipeline
 
 
-async def _is_live(bus: GatewayBus) -> bool:
+async def _is_live(bus: NatsBus) -> bool:
     return bus.is_live(MODEL)
 
 
@@ -223,12 +226,10 @@ class TestEmbeddings:
     async def test_create_embeddings_batches_keep_input_order(self, full: Pipeline) -> None:
         assert full.bus is not None
         texts: list[Any] = [f"sentence number {i}" for i in range(70)]  # 3 batches of <= 32
-        body = await create_embeddings(
-            full.bus,
-            EmbeddingRequest(model=MODEL, input=texts, encoding_format="base64"),
-            timeout_s=TIMEOUT_S,
-            request_id="batched",
-        )
+        exchanges = Exchanges(full.bus, first_timeout_s=TIMEOUT_S, idle_timeout_s=TIMEOUT_S)
+        envelope = exchanges.envelope(RequestContext("batched", "POST", PATH))
+        request = EmbeddingRequest(model=MODEL, input=texts, encoding_format="base64")
+        body = await asks.embed(exchanges, request, envelope)
         one_by_one = [await full.embed(texts=(t,)) for t in (texts[0], texts[45], texts[69])]
         data = msgspec.json.decode(body)["data"]
         assert [d["index"] for d in data] == list(range(70))

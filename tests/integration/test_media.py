@@ -1,5 +1,5 @@
 """Media generation over a real nats-server: the gateway's media routes (on the real
-``GatewayBus``, with the gateway's own error renderers) → the real mock media worker
+``NatsBus``, with the gateway's own error renderers) → the real mock media worker
 (``services.media``), in process. Cards in the registry, PNGs and animated PNGs that decode,
 round-robin over two workers, a worker gone, every error in OpenAI's body."""
 
@@ -15,16 +15,12 @@ import httpx
 import nats
 import nats.errors
 import pytest
-from litestar import Litestar
-from litestar.exceptions import HTTPException
 from nats.aio.client import Client
 
-from services.gateway.apis.media import build_media_routes
-from services.gateway.core.bus import GatewayBus
-from services.gateway.http.app import render_http_exception, render_service_error, render_unexpected
+from services.gateway.core.bus import NatsBus
+from services.gateway.http.app import create_app
 from services.media.config import DEFAULT_IMAGE_MODEL, DEFAULT_VIDEO_MODEL, MediaConfig
 from services.media.service import MediaService, build_service
-from shared.errors import ServiceError
 from shared.registry import ModelFiles
 from shared.subjects import Subjects
 from tests.integration.gateway_support import gateway_config, until
@@ -108,9 +104,9 @@ async def media(nats_url: str, subjects: Subjects) -> AsyncIterator[Media]:
 
 
 @pytest.fixture
-async def bus(nats_url: str, subjects: Subjects) -> AsyncIterator[GatewayBus]:
+async def bus(nats_url: str, subjects: Subjects) -> AsyncIterator[NatsBus]:
     config = gateway_config(nats_url, subjects, TIMEOUT_S)
-    gateway_bus = GatewayBus(config)
+    gateway_bus = NatsBus(config)
     await gateway_bus.start()
     try:
         yield gateway_bus
@@ -119,33 +115,24 @@ async def bus(nats_url: str, subjects: Subjects) -> AsyncIterator[GatewayBus]:
 
 
 @pytest.fixture
-async def http(bus: GatewayBus) -> AsyncIterator[httpx.AsyncClient]:
+async def http(bus: NatsBus, nats_url: str, subjects: Subjects) -> AsyncIterator[httpx.AsyncClient]:
     """The media routes as the gateway serves them (its exception handlers, its bus)."""
-    app = Litestar(
-        route_handlers=build_media_routes(bus, timeout_s=TIMEOUT_S),
-        exception_handlers={
-            ServiceError: render_service_error,
-            HTTPException: render_http_exception,
-            Exception: render_unexpected,
-        },
-        debug=False,
-    )
-    # In this event loop (the bus's connection lives here), no server between.
-    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]  # Litestar's precise ASGI types
+    app = create_app(gateway_config(nats_url, subjects, TIMEOUT_S), bus=bus)  # no lifespan: started
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]  # Litestar's ASGI types
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
         yield client
 
 
-async def live(bus: GatewayBus, model: str, count: int = 1) -> None:
+async def live(bus: NatsBus, model: str, count: int = 1) -> None:
     await until(lambda: len(_live_ids(bus, model)) >= count, f"{count} workers of {model}")
 
 
-def _live_ids(bus: GatewayBus, model: str) -> list[str]:
+def _live_ids(bus: NatsBus, model: str) -> list[str]:
     return bus.workers_in_turn(model) if bus.is_live(model) else []
 
 
 async def test_worker_registers_typed_cards(
-    media: Media, nats_url: str, subjects: Subjects, bus: GatewayBus
+    media: Media, nats_url: str, subjects: Subjects, bus: NatsBus
 ) -> None:
     service = await media.worker("m1")
     assert service.worker_ids == {IMAGE: "m1-image", VIDEO: "m1-video"}
@@ -167,7 +154,7 @@ async def test_worker_registers_typed_cards(
 
 
 async def test_images_b64_json_are_pngs_of_the_size(
-    media: Media, bus: GatewayBus, http: httpx.AsyncClient
+    media: Media, bus: NatsBus, http: httpx.AsyncClient
 ) -> None:
     await media.worker("m1")
     await live(bus, IMAGE)
@@ -193,7 +180,7 @@ async def test_images_b64_json_are_pngs_of_the_size(
 
 
 async def test_image_url_form_is_a_data_url(
-    media: Media, bus: GatewayBus, http: httpx.AsyncClient
+    media: Media, bus: NatsBus, http: httpx.AsyncClient
 ) -> None:
     await media.worker("m1")
     await live(bus, IMAGE)
@@ -207,7 +194,7 @@ async def test_image_url_form_is_a_data_url(
 
 
 async def test_video_is_an_animated_png(
-    media: Media, bus: GatewayBus, http: httpx.AsyncClient
+    media: Media, bus: NatsBus, http: httpx.AsyncClient
 ) -> None:
     await media.worker("m1")
     await live(bus, VIDEO)
@@ -228,7 +215,7 @@ async def test_video_is_an_animated_png(
 
 
 async def test_requests_alternate_between_workers_and_skip_a_gone_one(
-    media: Media, bus: GatewayBus, http: httpx.AsyncClient, subjects: Subjects
+    media: Media, bus: NatsBus, http: httpx.AsyncClient, subjects: Subjects
 ) -> None:
     first = await media.worker("m1", video_model="")
     await media.worker("m2", video_model="")
@@ -267,9 +254,7 @@ def _recorder(seen: list[str], worker: str) -> Callable[[Any], Any]:
     return record
 
 
-async def test_errors_in_openai_body(
-    media: Media, bus: GatewayBus, http: httpx.AsyncClient
-) -> None:
+async def test_errors_in_openai_body(media: Media, bus: NatsBus, http: httpx.AsyncClient) -> None:
     await media.worker("m1")
     await live(bus, IMAGE)
     await live(bus, VIDEO)
@@ -291,7 +276,7 @@ async def test_errors_in_openai_body(
 
 
 async def test_no_live_worker_is_503(
-    media: Media, bus: GatewayBus, http: httpx.AsyncClient, nats_url: str
+    media: Media, bus: NatsBus, http: httpx.AsyncClient, nats_url: str
 ) -> None:
     service = await media.worker("m1", worker_ttl_s=1.0)
     await live(bus, IMAGE)

@@ -1,4 +1,5 @@
-"""``POST /v1/embeddings``: OpenAI's embeddings API on top of ``Embed`` (request/reply).
+"""Pure: OpenAI's embeddings API (``POST /v1/embeddings``) -> ``Embed`` batches, and back
+(``core/asks.py`` sends them).
 
 The body is validated here (``input``: a string, strings, token ids or lists of token ids,
 1..2048 of them, none empty; ``encoding_format`` ``float`` / ``base64``; ``dimensions`` ≥ 1);
@@ -12,23 +13,17 @@ it); ``float`` is the same float32 values as JSON numbers.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import struct
-import time
-import uuid
-from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Literal, Protocol
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
 
 import msgspec
-from litestar import Request, Response, post
-from litestar.handlers import HTTPRouteHandler
 from msgspec import Meta
-from structlog.contextvars import get_contextvars
 
 from services.gateway.apis.bodies import Decoders
 from shared.errors import InvalidRequest, ModelNotFound
-from shared.messages import Embed, EmbedResult, ModelCard
+from shared.messages import EmbedResult, ModelCard
 
 JSON = "application/json"
 PATH = "/v1/embeddings"
@@ -186,62 +181,3 @@ def response_body(
     usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
     body = {"object": "list", "data": data, "model": model, "usage": usage}
     return msgspec.json.encode(body)
-
-
-class EmbeddingBus(Protocol):
-    """What the route needs of ``GatewayBus``."""
-
-    async def model_card(self, model: str) -> ModelCard | None: ...
-
-    async def check_model(self, model: str) -> None: ...
-
-    async def embed(self, request: Embed, timeout_s: float) -> EmbedResult: ...
-
-
-async def create_embeddings(
-    bus: EmbeddingBus,
-    request: EmbeddingRequest,
-    *,
-    timeout_s: float,
-    request_id: str,
-    clock: Callable[[], float] = time.time,
-) -> bytes:
-    """Check the model, embed every input (batches in parallel), build the response body."""
-    inputs = inputs_of(request.input)
-    check_card(request.model, await bus.model_card(request.model))
-    await bus.check_model(request.model)
-    deadline_ms = int((clock() + timeout_s) * 1000)
-    spans = batches(inputs.units())
-    limit = asyncio.Semaphore(CONCURRENT_BATCHES)
-
-    async def one(index: int, span: range) -> EmbedResult:
-        part = inputs.part(span)
-        embed = Embed(
-            request_id=request_id if len(spans) == 1 else f"{request_id}-{index}",
-            model=request.model,
-            reply_to="",
-            texts=part.texts,
-            token_ids=part.token_ids,
-            dimensions=request.dimensions,
-            deadline_ms=deadline_ms,
-        )
-        async with limit:
-            return await bus.embed(embed, timeout_s)
-
-    results = await asyncio.gather(*(one(i, span) for i, span in enumerate(spans)))
-    return response_body(request.model, results, request.encoding_format or "float")
-
-
-def build_embedding_routes(
-    bus: EmbeddingBus, *, timeout_s: float, allow_unknown_fields: bool = False
-) -> list[HTTPRouteHandler]:
-    """The ``/v1/embeddings`` route handler, bound to ``bus`` (``GatewayBus``)."""
-
-    @post(PATH, status_code=200, include_in_schema=False)
-    async def embeddings(request: Request[Any, Any, Any]) -> Response[bytes]:
-        parsed = parse(await request.body(), allow_unknown=allow_unknown_fields)
-        request_id = get_contextvars().get("request_id") or uuid.uuid4().hex
-        body = await create_embeddings(bus, parsed, timeout_s=timeout_s, request_id=request_id)
-        return Response(body, media_type=JSON)
-
-    return [embeddings]

@@ -1,4 +1,5 @@
-"""``POST /v1/images/generations`` and ``POST /v1/videos/generations``: media generation,
+"""Pure: ``POST /v1/images/generations`` and ``POST /v1/videos/generations`` bodies ->
+``MediaGenerate``, and ``MediaResult`` -> the response body (``core/asks.py`` sends them). It goes
 straight from the gateway to a worker of the model (as tensor models are: no preprocessor,
 router or formatter, nothing is tokenized).
 
@@ -14,36 +15,25 @@ animated format the standard library writes honestly. ``seed`` (top level or ``n
 makes the output reproducible; the mock is deterministic anyway.
 
 The model must be registered with the route's kind (404 unknown, 400 another kind, 503 no live
-worker); the request goes to the next worker in round-robin order and, when that one has just
-gone ("no responders"), to the next. The whole exchange is bounded by ``--request-timeout-s``
-(504 past it).
+worker).
 """
 
 from __future__ import annotations
 
 import base64
 import re
-import time
-import uuid
-from typing import Annotated, Any, Literal, Protocol, TypeVar
+from typing import Annotated, Literal
 
 import msgspec
-from litestar import Request, Response, post
-from litestar.handlers import HTTPRouteHandler
 from msgspec import Meta
-from structlog.contextvars import get_contextvars
 
 from services.gateway.apis.bodies import Decoders
-from services.gateway.core.errors import NoResponders
-from shared import codec
-from shared.errors import InvalidRequest, ModelNotFound, NoWorkerAvailable, UpstreamTimeout
-from shared.messages import MediaGenerate, MediaKind, MediaResult, ModelCard, RequestFailed
-from shared.subjects import Subjects
+from shared.errors import InvalidRequest, ModelNotFound
+from shared.messages import MediaGenerate, MediaKind, MediaResult, ModelCard
 
 JSON = "application/json"
 IMAGES_PATH = "/v1/images/generations"
 VIDEOS_PATH = "/v1/videos/generations"
-NO_WORKER_RETRY_AFTER_S = 1.0
 SIZES: dict[str, tuple[int, int]] = {
     "256x256": (256, 256),
     "512x512": (512, 512),
@@ -69,7 +59,6 @@ Seconds = Annotated[int, Meta(ge=1, le=60)]
 Steps = Annotated[int, Meta(ge=1, le=1000)]
 ResponseFormat = Literal["url", "b64_json"]
 Quality = Literal["auto", "low", "medium", "high", "xhigh", "max", "standard", "hd"]
-T = TypeVar("T")
 
 
 class MediaNvext(msgspec.Struct, kw_only=True):
@@ -179,7 +168,6 @@ class VideoResponse(msgspec.Struct, kw_only=True):
 
 _IMAGE_DECODERS = Decoders(StrictImageRequest, ImageRequest, "image generation request")
 _VIDEO_DECODERS = Decoders(StrictVideoRequest, VideoRequest, "video generation request")
-_ANSWERS: codec.Decoder[MediaResult | RequestFailed] = codec.Decoder(MediaResult | RequestFailed)
 
 
 # --- validation (pure) ---------------------------------------------------------------------------
@@ -380,109 +368,3 @@ def video_body(
         inference_time_s=round(inference_time_s, 6),
     )
     return msgspec.json.encode(body)
-
-
-# --- the exchange with a worker ------------------------------------------------------------------
-
-
-class MediaBus(Protocol):
-    """What the routes need of ``GatewayBus``."""
-
-    @property
-    def subjects(self) -> Subjects: ...
-
-    async def model_card(self, model: str) -> ModelCard | None: ...
-
-    def workers_in_turn(self, model: str) -> list[str]: ...
-
-    async def ask(
-        self,
-        subject: str,
-        request: msgspec.Struct,
-        answers: codec.Decoder[T | RequestFailed],
-        timeout_s: float,
-        param: str | None = None,
-        unreachable: str = ...,
-    ) -> T: ...
-
-
-async def generate(
-    bus: MediaBus,
-    message: MediaGenerate,
-    *,
-    timeout_s: float,
-    clock: Any = time.monotonic,
-) -> MediaResult:
-    """Check the model, then ask its workers in turn until one answers (bounded by
-    ``timeout_s`` in all)."""
-    check_card(message.model, await bus.model_card(message.model), message.kind)
-    workers = bus.workers_in_turn(message.model)
-    if not workers:
-        raise NoWorkerAvailable(
-            f"The model `{message.model}` has no live worker right now.",
-            retry_after_s=NO_WORKER_RETRY_AFTER_S,
-        )
-    deadline = clock() + timeout_s
-    for attempt, worker_id in enumerate(workers, start=1):
-        left = deadline - clock()
-        if left <= 0:
-            break
-        try:
-            return await bus.ask(
-                bus.subjects.media_generate(worker_id),
-                message,
-                _ANSWERS,
-                left,
-                param="prompt",
-                unreachable=f"The worker `{worker_id}` of `{message.model}` is not running.",
-            )
-        except NoResponders:
-            if attempt == len(workers):
-                raise
-    raise UpstreamTimeout(f"No response from upstream within {timeout_s:g}s.")
-
-
-def _request_id() -> str:
-    found = get_contextvars().get("request_id")
-    return found if isinstance(found, str) and found else uuid.uuid4().hex
-
-
-def build_media_routes(
-    bus: MediaBus, *, timeout_s: float, allow_unknown_fields: bool = False
-) -> list[HTTPRouteHandler]:
-    """The ``/v1/images/generations`` and ``/v1/videos/generations`` route handlers, bound to
-    ``bus`` (``GatewayBus``); ``timeout_s``: the gateway's ``--request-timeout-s``."""
-
-    @post(IMAGES_PATH, status_code=200, include_in_schema=False)
-    async def images(request: Request[Any, Any, Any]) -> Response[bytes]:
-        parsed = parse_image(await request.body(), allow_unknown=allow_unknown_fields)
-        created = time.time()
-        message = image_message(
-            parsed, request_id=_request_id(), deadline_ms=int((created + timeout_s) * 1000)
-        )
-        result = await generate(bus, message, timeout_s=timeout_s)
-        size = (message.width, message.height)
-        return Response(
-            image_body(result, parsed, created=int(created), size=size), media_type=JSON
-        )
-
-    @post(VIDEOS_PATH, status_code=200, include_in_schema=False)
-    async def videos(request: Request[Any, Any, Any]) -> Response[bytes]:
-        parsed = parse_video(await request.body(), allow_unknown=allow_unknown_fields)
-        created = time.time()
-        request_id = _request_id()
-        message = video_message(
-            parsed, request_id=request_id, deadline_ms=int((created + timeout_s) * 1000)
-        )
-        started = time.monotonic()
-        result = await generate(bus, message, timeout_s=timeout_s)
-        body = video_body(
-            result,
-            parsed,
-            video_id=f"video_{request_id}",
-            created=int(created),
-            inference_time_s=time.monotonic() - started,
-        )
-        return Response(body, media_type=JSON)
-
-    return [images, videos]

@@ -38,11 +38,21 @@ def read_keys(listed: str, path: Path | None) -> tuple[str, ...]:
 class ApiKeys:
     """The configured keys; with none, nothing is protected."""
 
-    __slots__ = ("_keys", "_protect_metrics")
+    __slots__ = ("_keys", "_metrics_path", "_protect_metrics", "_protected")
 
-    def __init__(self, keys: Iterable[str], *, protect_metrics: bool = False) -> None:
+    def __init__(
+        self,
+        keys: Iterable[str],
+        *,
+        protect_metrics: bool = False,
+        protected: frozenset[str] = frozenset(),
+        metrics_path: str = "/metrics",
+    ) -> None:
         self._keys = tuple(k.encode() for k in keys)
         self._protect_metrics = protect_metrics
+        self._protected = protected
+        """Paths outside ``/v1`` that need a key too (inference and models moved by settings)."""
+        self._metrics_path = metrics_path
 
     def __bool__(self) -> bool:
         return bool(self._keys)
@@ -51,9 +61,9 @@ class ApiKeys:
         """Whether an HTTP request to ``path`` needs a key."""
         if not self._keys:
             return False
-        if path == "/v1" or path.startswith("/v1/"):
+        if path == "/v1" or path.startswith("/v1/") or path in self._protected:
             return True
-        return self._protect_metrics and path == "/metrics"
+        return self._protect_metrics and path == self._metrics_path
 
     def protects_rpc(self, method: str) -> bool:
         """Whether a gRPC call of ``method`` (``/package.Service/Method``) needs a key."""

@@ -1,5 +1,5 @@
-"""GatewayBus: the gateway's NATS side — publish ``Preprocess`` (or ``TensorInfer`` straight to a
-tensor worker), demux replies per request.
+"""NatsBus, the gateway's NATS side (``port.GatewayBus``): publish ``Preprocess`` (or
+``TensorInfer`` straight to a tensor worker), demux replies per request.
 
 One wildcard subscription (``subjects.reply_all(gateway_id)``) feeds one ``Inbox`` per
 in-flight request, its chunks in ``seq`` order (decision 018: a chunk past a hole, a silent
@@ -28,6 +28,7 @@ from nats.errors import MaxPayloadError
 from services.gateway.config import GatewayConfig
 from services.gateway.core.errors import ClientTooSlow, DuplicateRequestId, NoResponders
 from services.gateway.core.inbox import Inbox, Probe, ReplyItem
+from services.gateway.core.port import ReplyBus
 from services.gateway.core.probes import Prober
 from services.gateway.core.retry import RetryBudget, attempt_id
 from shared import codec
@@ -49,6 +50,8 @@ from shared.messages import (
     Embed,
     EmbedResult,
     GatewayEvent,
+    MediaGenerate,
+    MediaResult,
     ModelCard,
     Preprocess,
     RequestFailed,
@@ -66,7 +69,7 @@ from shared.tasks import TaskSet
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["GatewayBus", "Inbox", "Reply", "ReplyItem"]
+__all__ = ["Inbox", "NatsBus", "Reply", "ReplyItem"]
 
 NO_WORKER_RETRY_AFTER_S = 1.0
 BUS_WAIT_S = 2.0
@@ -81,6 +84,9 @@ service remembers a finished id)."""
 USED_ID_MAX = 100_000
 _EMBED_ANSWERS: codec.Decoder[EmbedResult | RequestFailed] = codec.Decoder(
     EmbedResult | RequestFailed
+)
+_MEDIA_ANSWERS: codec.Decoder[MediaResult | RequestFailed] = codec.Decoder(
+    MediaResult | RequestFailed
 )
 _COUNT_ANSWERS: codec.Decoder[TokenCount | RequestFailed] = codec.Decoder(
     TokenCount | RequestFailed
@@ -99,7 +105,7 @@ class Reply:
 
     def __init__(
         self,
-        bus: GatewayBus,
+        bus: ReplyBus,
         request_id: str,
         inbox: Inbox,
         request: Preprocess | None = None,
@@ -184,6 +190,11 @@ class Reply:
         """Whether ``next()`` would return (or raise) without waiting."""
         return not self._inbox.empty()
 
+    async def wait(self, timeout_s: float) -> bool:
+        """Whether a reply is in, waiting up to ``timeout_s`` for one (never raises, never
+        cancels: ``next()`` keeps the request's own time limit)."""
+        return await self._inbox.wait(timeout_s)
+
     def interrupt(self, error: ServiceError) -> None:
         """Make the pending (or next) ``next()`` raise ``error`` after the replies already in."""
         self._inbox.put_nowait(error)
@@ -197,7 +208,7 @@ class Reply:
         self._bus.forget(self.request_id)
 
 
-class GatewayBus:
+class NatsBus:
     """Owns the NATS connection, the live-worker view and the per-request reply queues."""
 
     def __init__(
@@ -457,6 +468,19 @@ class GatewayBus:
         """Ask the preprocessors how many tokens ``request``'s prompt has."""
         answer = await self.ask(self.subjects.count_tokens, request, _COUNT_ANSWERS, timeout_s)
         return answer.input_tokens
+
+    async def generate_media(
+        self, request: MediaGenerate, worker_id: str, timeout_s: float
+    ) -> MediaResult:
+        """Ask one media worker to generate ``request``."""
+        return await self.ask(
+            self.subjects.media_generate(worker_id),
+            request,
+            _MEDIA_ANSWERS,
+            timeout_s,
+            param="prompt",
+            unreachable=f"The worker `{worker_id}` of `{request.model}` is not running.",
+        )
 
     async def ask(
         self,

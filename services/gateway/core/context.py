@@ -1,6 +1,6 @@
 """Per-request context: the request id, and what the request's one access line says.
 
-``request_context`` opens it for every HTTP request (``app.py``), ``grpc_context`` for every gRPC
+``http/asgi.py`` opens it for every HTTP request, ``grpc_context`` for every gRPC
 inference request (each request on a stream is one): it mints or accepts the request id, binds
 it into structlog's context vars for everything the request runs, and when the response is done
 records the metrics and logs ``request_finished`` (info; debug for probes and gRPC's metadata
@@ -12,13 +12,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import structlog
-from litestar.types import HTTPScope, Message, Send
 from structlog.contextvars import bound_contextvars
 
 from services.gateway.core.metrics import GatewayMetrics
@@ -27,8 +26,6 @@ from shared.subjects import is_token
 log = structlog.get_logger(__name__)
 
 MAX_REQUEST_ID_LEN = 64
-PROBES = frozenset({"/health", "/live", "/metrics", "/v1/models"})
-"""Paths polled by orchestrators and scrapers: their access line is debug, not info."""
 _HEADER = b"x-request-id"
 
 
@@ -50,7 +47,7 @@ class RequestContext:
     """gRPC only: the status code's name (``OK``, ``NOT_FOUND``, …); ``path`` is the RPC."""
     bus_id: str = ""
     """The request's id on the bus: ``request_id``, with a random suffix when the client reuses
-    an id the gateway saw recently (``GatewayBus.bus_id``)."""
+    an id the gateway saw recently (``bus_id`` of the bus)."""
 
     def __post_init__(self) -> None:
         if not self.bus_id:
@@ -65,6 +62,11 @@ class RequestContext:
 
 
 _current: ContextVar[RequestContext] = ContextVar("jetserve_gateway_request")
+
+
+def current() -> RequestContext:
+    """The context of the request being served (inside ``opened``)."""
+    return _current.get()
 
 
 def note_error(code: str) -> None:
@@ -90,42 +92,19 @@ def id_header(ctx: RequestContext) -> tuple[bytes, bytes]:
     return (_HEADER, ctx.request_id.encode())
 
 
-def send_with_id(ctx: RequestContext, send: Send) -> Send:
-    """``send`` that records the status and appends ``X-Request-Id`` to the response start."""
-    extra_header = id_header(ctx)
-
-    async def send_and_note(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            ctx.status = message["status"]
-            message["headers"] = [*message.get("headers", ()), extra_header]
-        await send(message)
-
-    return send_and_note
-
-
 @contextmanager
-def request_context(scope: HTTPScope, metrics: GatewayMetrics) -> Iterator[RequestContext]:
-    """The request's context for everything it runs; its access line and metrics when it ends."""
-    ctx = RequestContext(request_id_from(scope["headers"]), scope["method"], scope["path"])
+def opened(ctx: RequestContext, finished: Callable[[RequestContext], None]) -> Iterator[None]:
+    """``ctx`` is the current request's (``note_error``, the log's ``request_id``) while the block
+    runs; ``finished(ctx)`` when it ends (metrics and the access line)."""
     token = _current.set(ctx)
     try:
         with bound_contextvars(request_id=ctx.request_id):
             try:
-                yield ctx
+                yield
             finally:
-                _finished(ctx, metrics)
+                finished(ctx)
     finally:
         _current.reset(token)
-
-
-def _finished(ctx: RequestContext, metrics: GatewayMetrics) -> None:
-    duration_s = time.perf_counter() - ctx.started_s
-    metrics.observe(ctx.path, ctx.status, duration_s, ctx.ttft_s, ctx.error, ctx.completion_tokens)
-    duration_ms = round(duration_s * 1000, 2)
-    if ctx.path in PROBES:
-        log.debug("request_finished", path=ctx.path, status=ctx.status, duration_ms=duration_ms)
-        return
-    _log_access(ctx, ctx.method, "path", ctx.status, duration_s)
 
 
 @contextmanager
@@ -135,18 +114,12 @@ def grpc_context(
     """A gRPC request's context (``method="grpc"``, ``path`` = the RPC, status ``OK`` until
     set); its access line and metrics when it ends. A cancelled request is ``CANCELLED``."""
     ctx = RequestContext(request_id or uuid.uuid4().hex, "grpc", rpc, grpc_status="OK")
-    token = _current.set(ctx)
-    try:
-        with bound_contextvars(request_id=ctx.request_id):
-            try:
-                yield ctx
-            except asyncio.CancelledError:
-                ctx.grpc_status = "CANCELLED"
-                raise
-            finally:
-                _grpc_finished(ctx, metrics)
-    finally:
-        _current.reset(token)
+    with opened(ctx, lambda done: _grpc_finished(done, metrics)):
+        try:
+            yield ctx
+        except asyncio.CancelledError:
+            ctx.grpc_status = "CANCELLED"
+            raise
 
 
 def grpc_probe_finished(rpc: str, status: str, started_s: float, metrics: GatewayMetrics) -> None:
@@ -161,10 +134,10 @@ def _grpc_finished(ctx: RequestContext, metrics: GatewayMetrics) -> None:
     metrics.observe_grpc(
         ctx.path, ctx.grpc_status, duration_s, ctx.ttft_s, ctx.error, ctx.completion_tokens
     )
-    _log_access(ctx, "grpc", "rpc", ctx.grpc_status, duration_s)
+    log_access(ctx, "grpc", "rpc", ctx.grpc_status, duration_s)
 
 
-def _log_access(
+def log_access(
     ctx: RequestContext, method: str, route_key: str, status: int | str, duration_s: float
 ) -> None:
     """The one INFO access line of a request (HTTP: ``path`` and a status code; gRPC: ``rpc``

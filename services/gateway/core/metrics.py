@@ -21,8 +21,22 @@ from shared.metrics import ServiceMetrics
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 ROUTES = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/live", "/metrics"}
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/images/generations",
+        "/v1/videos/generations",
+        "/v1/models",
+        "/health",
+        "/live",
+        "/metrics",
+    }
 )
+"""The endpoint labels at the default paths (``http/paths.py``: the app passes the served ones)."""
 GRPC_METHOD_PREFIX = "/inference.GRPCInferenceService/"
 REQUEST_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -32,16 +46,19 @@ ITL_BUCKETS_S = (
 )  # fmt: skip
 
 
-def endpoint_of(path: str) -> str:
-    """The endpoint label of a request path."""
-    return path if path in ROUTES else "other"
+def endpoint_of(path: str, routes: frozenset[str] = ROUTES) -> str:
+    """The endpoint label of a request path: the path when it is a route, else ``other``."""
+    return path if path in routes else "other"
 
 
 class GatewayMetrics:
     """Requests by endpoint and status, latency, TTFT, ITL; plus ``base`` (``ServiceMetrics``)."""
 
-    def __init__(self, base: ServiceMetrics | None = None) -> None:
+    def __init__(
+        self, base: ServiceMetrics | None = None, *, routes: frozenset[str] = ROUTES
+    ) -> None:
         self.base = base or ServiceMetrics("gateway")
+        self._routes = routes
         registry = self.base.registry
         self.requests = Counter(
             "jetserve_http_requests_total",
@@ -112,7 +129,7 @@ class GatewayMetrics:
         completion_tokens: int = 0,
     ) -> None:
         """Record one finished HTTP request (label children are cached: about a microsecond)."""
-        endpoint = endpoint_of(path)
+        endpoint = endpoint_of(path, self._routes)
         counter = self._by_status.get((endpoint, status))
         if counter is None:
             counter = self._by_status[(endpoint, status)] = self.requests.labels(

@@ -1,17 +1,14 @@
 """One KServe inference request over the bus: an LLM through the pipeline (``text`` output), or
 a tensor model straight to one of its live workers (round-robin, ``TensorInfer``).
 
-Raises ``ServiceError`` for every expected failure; the servicer (``grpc_service.py``) turns it
-into a status or a stream error. Waits are bounded by ``--request-timeout-s`` (first response),
-``--stream-idle-timeout-s`` (later ones) and the client's deadline, whichever ends first; a
-timeout or a cancelled call publishes ``Cancel`` as HTTP does.
+Raises ``ServiceError`` for every expected failure; the servicer (``service.py``) turns it
+into a status or a stream error. The exchange (``core/exchange.py``) bounds every wait by
+``--request-timeout-s`` (first response), ``--stream-idle-timeout-s`` (later ones) and the
+client's deadline, whichever ends first; a timeout or a cancelled call publishes ``Cancel``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import structlog
@@ -34,26 +31,19 @@ from services.gateway.apis.kserve_models import (
     view_of,
 )
 from services.gateway.apis.openai import completion_from, completion_to_preprocess
-from services.gateway.core.bus import GatewayBus, Reply
-from services.gateway.config import GatewayConfig
-from services.gateway.core.context import RequestContext, note_error
-from services.gateway.core.errors import NoResponders
-from services.gateway.grpc.http2.connection import StreamReset
-from services.gateway.http.relay import Readiness
+from services.gateway.core.context import RequestContext
+from services.gateway.core.exchange import Exchange, Exchanges
+from services.gateway.core.readiness import Readiness
 from shared.errors import (
     InvalidRequest,
     ModelNotFound,
-    NoWorkerAvailable,
-    ServiceError,
     ShuttingDown,
 )
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve_wire import usage_parameters
-from shared.messages import KServeOutput, ModelCard, ResponseChunk, TensorInfer, TensorResult
+from shared.messages import KServeOutput, ModelCard, TensorInfer
 
 log = structlog.get_logger(__name__)
-
-NO_WORKER_RETRY_AFTER_S = 1.0
 
 
 class Writer(Protocol):
@@ -67,13 +57,12 @@ class Writer(Protocol):
 class Inference:
     """Answers KServe inference requests for every model the registry knows."""
 
-    __slots__ = ("_bus", "_first_timeout_s", "_idle_timeout_s", "_readiness", "_views")
+    __slots__ = ("_bus", "_exchanges", "_readiness", "_views")
 
-    def __init__(self, config: GatewayConfig, bus: GatewayBus, readiness: Readiness) -> None:
-        self._bus = bus
+    def __init__(self, exchanges: Exchanges, readiness: Readiness) -> None:
+        self._exchanges = exchanges
+        self._bus = exchanges.bus
         self._readiness = readiness
-        self._first_timeout_s = config.request_timeout_s
-        self._idle_timeout_s = config.stream_idle_timeout_s
         self._views: dict[str, tuple[ModelCard, ModelView]] = {}
         """Per model, the view built from its card, while the bus gives that same card (the
         bus follows the registry: a model republished with another card gets a new view)."""
@@ -145,28 +134,26 @@ class Inference:
         deadline: float | None,
         *,
         stream: bool,
-    ) -> tuple[Reply, float]:
-        """Send the request down the pipeline: the reply and the first response's time limit."""
+    ) -> Exchange:
+        """Send the request down the pipeline; its exchange."""
         model = request.model_name
         completion = completion_from(
             {**parsed.fields, "model": model, "prompt": parsed.prompt, "stream": stream}
         )
         self._check_open()
         await self._bus.check_model(model)
-        first_timeout_s = _wait_s(self._first_timeout_s, deadline)
-        ctx.bus_id = self._bus.bus_id(ctx.request_id)
-        now = time.time()
+        envelope = self._exchanges.envelope(ctx, deadline)
         kserve = KServeOutput(id=request.id, outputs=tuple(parsed.outputs)) if stream else None
         preprocess = completion_to_preprocess(
             completion,
-            request_id=ctx.bus_id,
-            reply_to=self._bus.reply_subject(ctx.bus_id),
-            created=int(now),
-            deadline_ms=int((now + first_timeout_s) * 1000),
+            request_id=envelope.request_id,
+            reply_to=envelope.reply_to,
+            created=envelope.created,
+            deadline_ms=envelope.deadline_ms,
             output_format="kserve" if stream else "text",
             kserve=kserve,
         )
-        return await self._bus.submit(preprocess), first_timeout_s
+        return await self._exchanges.submit(ctx, preprocess, envelope)
 
     async def _streamed_text(
         self,
@@ -177,10 +164,10 @@ class Inference:
         deadline: float | None,
     ) -> None:
         """Relay the formatter's framed responses; those already queued go out in one write."""
-        reply, first_timeout_s = await self._submit(request, ctx, parsed, deadline, stream=True)
-        _, rest = await self._read(reply, ctx, first_timeout_s, deadline, writer.write_framed)
+        exchange = await self._submit(request, ctx, parsed, deadline, stream=True)
+        _, rest = await exchange.relay(await exchange.first(), writer.write_framed)
         if rest:
-            await writer.write_framed(_joined(rest))
+            await writer.write_framed(rest)
 
     async def _whole_text(
         self,
@@ -192,51 +179,20 @@ class Inference:
         final: bool | None,
     ) -> pb.ModelInferResponse:
         """The whole text in one response (``text`` format, not streamed)."""
-        reply, first_timeout_s = await self._submit(request, ctx, parsed, deadline, stream=False)
-        done, parts = await self._read(reply, ctx, first_timeout_s, deadline)
+        exchange = await self._submit(request, ctx, parsed, deadline, stream=False)
+        done, text = await exchange.relay(await exchange.first())
         response = pb.ModelInferResponse()
         fill_text(
             response,
             model=request.model_name,
             request_id=request.id,
-            text=_joined(parts),
+            text=text,
             finish_reason=done.finish_reason,
             final=final,
             wanted=parsed.outputs,
             parameters=usage_parameters(done.prompt_tokens, done.completion_tokens),
         )
         return response
-
-    async def _read(
-        self,
-        reply: Reply,
-        ctx: RequestContext,
-        first_timeout_s: float,
-        deadline: float | None,
-        write: Callable[[bytes], Awaitable[None]] | None = None,
-    ) -> tuple[ResponseChunk, list[bytes]]:
-        """A request's chunks up to the done one: that chunk and the data not yet written.
-        With ``write``, the data already queued is passed on whenever the queue runs dry."""
-        try:
-            chunk = await reply.next(first_timeout_s)
-            ctx.mark_first_response()
-            parts: list[bytes] = []
-            while True:
-                if chunk.data:
-                    parts.append(chunk.data)
-                if chunk.done:
-                    break
-                if write is not None and parts and not reply.ready:
-                    data = _joined(parts)
-                    parts.clear()
-                    await write(data)
-                chunk = await reply.next(_wait_s(self._idle_timeout_s, deadline))
-            reply.close()
-        except BaseException as exc:
-            _abandon(reply, exc, deadline)
-            raise
-        ctx.prompt_tokens, ctx.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
-        return chunk, parts
 
     # --- tensor models ---------------------------------------------------------------------------
 
@@ -252,24 +208,18 @@ class Inference:
         wanted = requested_outputs(request, view.spec)
         self._check_open()
         model = request.model_name
-        workers = self._bus.workers_in_turn(model)
-        if not workers:
-            raise NoWorkerAvailable(
-                f"The model `{model}` has no live worker right now.",
-                retry_after_s=NO_WORKER_RETRY_AFTER_S,
-            )
-        ctx.bus_id = self._bus.bus_id(ctx.request_id)
+        envelope = self._exchanges.envelope(ctx, deadline)
         infer = TensorInfer(
-            request_id=ctx.bus_id,
+            request_id=envelope.request_id,
             model=model,
-            reply_to=self._bus.reply_subject(ctx.bus_id),
+            reply_to=envelope.reply_to,
             inputs=inputs,
             outputs=tuple(o.name for o in request.outputs),
             model_version=request.model_version,
             id=request.id,
             parameters=parameters_of(request.parameters),
         )
-        result = await self._tensor_result(infer, workers, deadline)
+        result = await self._exchanges.tensor(infer, envelope)
         ctx.mark_first_response()
         outputs = [o for o in result.outputs if not wanted or o.name in wanted]
         for output in outputs:
@@ -285,58 +235,6 @@ class Inference:
         )
         return response
 
-    async def _tensor_result(
-        self, infer: TensorInfer, workers: list[str], deadline: float | None
-    ) -> TensorResult:
-        """Send to the first worker; on "no responders" (it just went) try the next."""
-        for attempt, worker_id in enumerate(workers, start=1):
-            reply = await self._bus.submit_tensor(infer, worker_id)
-            try:
-                result = await reply.result(_wait_s(self._first_timeout_s, deadline))
-            except NoResponders:
-                if attempt == len(workers):
-                    raise
-                log.debug("tensor_worker_unreachable", worker_id=worker_id)
-                continue
-            except BaseException as exc:
-                _abandon(reply, exc, deadline)
-                raise
-            reply.close()
-            return result
-        raise AssertionError("unreachable: workers is not empty")
-
     def _check_open(self) -> None:
         if self._readiness.is_shutting_down:
             raise ShuttingDown("The gateway is shutting down.")
-
-
-def _abandon(reply: Reply, exc: BaseException, deadline: float | None) -> None:
-    """Stop a request that will not be answered: cancelled call, or a bug (a ``ServiceError``
-    from the reply has closed or cancelled it already)."""
-    if isinstance(exc, (asyncio.CancelledError, StreamReset)):
-        reason = "timeout" if _is_past(deadline) else "client_disconnected"
-        note_error(reason)
-        reply.cancel(reason)
-    elif not isinstance(exc, ServiceError):
-        reply.cancel("internal_error")
-
-
-def _wait_s(limit_s: float, deadline: float | None) -> float:
-    """``limit_s``, or less when the client's deadline comes first."""
-    if deadline is None:
-        return limit_s
-    return max(0.0, min(limit_s, deadline - time.monotonic()))
-
-
-DEADLINE_SLACK_S = 0.05
-"""grpc cancels a call at its deadline by its own timer, which can fire a little before our
-``time.monotonic()`` reaches the deadline we computed from ``time_remaining()`` (seen under CI
-load): a cancel this close to the deadline is the deadline."""
-
-
-def _is_past(deadline: float | None) -> bool:
-    return deadline is not None and time.monotonic() >= deadline - DEADLINE_SLACK_S
-
-
-def _joined(parts: list[bytes]) -> bytes:
-    return parts[0] if len(parts) == 1 else b"".join(parts)

@@ -18,17 +18,18 @@ from grpc_reflection.v1alpha import (  # type: ignore[import-untyped]
     reflection_pb2_grpc,
 )
 
+from services.gateway.config import GatewayConfig
 from services.gateway.core.admission import Admission
 from services.gateway.core.auth import ApiKeys
-from services.gateway.core.bus import GatewayBus
-from services.gateway.config import GatewayConfig
+from services.gateway.core.exchange import Exchanges
 from services.gateway.core.metrics import GatewayMetrics
+from services.gateway.core.port import GatewayBus
+from services.gateway.core.readiness import Readiness
 from services.gateway.grpc.http2.calls import CallLimits
-from services.gateway.grpc.http2.connection import Http2Settings
+from services.gateway.grpc.http2.connection import Http2Settings, StreamReset
 from services.gateway.grpc.http2.server import Server
 from services.gateway.grpc.infer import Inference
 from services.gateway.grpc.service import InferenceServicer
-from services.gateway.http.relay import Readiness
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve import grpc_service_pb2_grpc as pb_grpc
 
@@ -69,8 +70,14 @@ class GrpcServer:
     ) -> None:
         self._config = config
         self._keys = keys or ApiKeys(())
+        exchanges = Exchanges(
+            bus,
+            first_timeout_s=config.request_timeout_s,
+            idle_timeout_s=config.stream_idle_timeout_s,
+            client_gone=(StreamReset,),  # a write to a reset stream: the client went away
+        )
         self.servicer = InferenceServicer(
-            Inference(config, bus, readiness), bus, readiness, metrics, admission
+            Inference(exchanges, readiness), bus, readiness, metrics, admission
         )
         self.port = 0
         """The bound port, once started (``--grpc-port 0`` picks a free one)."""

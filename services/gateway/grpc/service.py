@@ -28,7 +28,6 @@ import structlog
 from services.gateway.apis.kserve import stream_error
 from services.gateway.apis.kserve_models import ModelView
 from services.gateway.core.admission import Admission
-from services.gateway.core.bus import GatewayBus
 from services.gateway.core.context import (
     MAX_REQUEST_ID_LEN,
     RequestContext,
@@ -37,11 +36,12 @@ from services.gateway.core.context import (
     note_error,
 )
 from services.gateway.core.metrics import GatewayMetrics
+from services.gateway.core.port import GatewayBus
+from services.gateway.core.readiness import Readiness
 from services.gateway.grpc.http2.calls import Call
 from services.gateway.grpc.http2.connection import StreamReset
 from services.gateway.grpc.infer import Inference
 from services.gateway.grpc.status import status_code
-from services.gateway.http.relay import Readiness
 from shared.errors import Overloaded, ServiceError
 from shared.kserve import grpc_service_pb2 as pb
 from shared.subjects import is_token

@@ -1,7 +1,7 @@
 """create_app(config, bus=...) -> the gateway's ASGI app: ``Relay`` for inference, Litestar else.
 
 ``Gateway`` opens the request context (request id, access line, metrics) for every HTTP request,
-hands the inference paths (``endpoints.ENDPOINTS``: chat, completions, Anthropic Messages,
+hands the inference paths (``endpoints.endpoints``: chat, completions, Anthropic Messages,
 Responses) to ``Relay`` (raw ASGI, ADR 010) once ``Admission`` gives them a slot
 (``--max-concurrent-requests``, shared with gRPC, at most ``--max-connection-share`` of them per
 client connection; else 503 before the body is read, 529 in Anthropic's dialect), and
@@ -24,25 +24,28 @@ from typing import Any
 
 import structlog
 from litestar import Litestar, Request, Response
+from litestar.datastructures import State
 from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException
 from litestar.types import ASGIApp, HTTPScope, Receive, Scope, Send
 
-from services.gateway.apis import embeddings, media
-from services.gateway.apis.embeddings import build_embedding_routes
-from services.gateway.apis.media import build_media_routes
+from services.gateway.config import GatewayConfig
 from services.gateway.core.admission import Admission
 from services.gateway.core.auth import ApiKeys
-from services.gateway.core.bus import GatewayBus
-from services.gateway.config import GatewayConfig
-from services.gateway.core.context import RequestContext, note_error, request_context, send_with_id
+from services.gateway.core.context import RequestContext, note_error
+from services.gateway.core.exchange import Exchanges, KeepAlive
 from services.gateway.core.metrics import GatewayMetrics
+from services.gateway.core.port import GatewayBus
+from services.gateway.core.readiness import Readiness
 from services.gateway.grpc.server import GrpcServer
 from services.gateway.http import error_dialects as responses
-from services.gateway.http.endpoints import ENDPOINTS
-from services.gateway.http.openapi import openapi_config
-from services.gateway.http.relay import PATHS, Readiness, Relay
-from services.gateway.http.routes import build_routes
+from services.gateway.http import sse
+from services.gateway.http.asgi import request_context, send_with_id
+from services.gateway.http.endpoints import Endpoint, endpoints
+from services.gateway.http.openapi import PATHS_KEY, openapi_config
+from services.gateway.http.paths import Paths
+from services.gateway.http.relay import Relay
+from services.gateway.http.routes import build_ask_routes, build_routes
 from services.gateway.http.stalls import BODY_TIMEOUT, SEND_TIMEOUT, BodyDeadline, BoundedSend
 from shared.errors import ServiceError, Unauthenticated
 from shared.notify import notify_ready
@@ -65,14 +68,27 @@ def create_app(
     and stopped by the app's lifespan. ``admission`` (default: ``--max-concurrent-requests``)
     counts HTTP and gRPC inference requests together."""
     readiness = readiness or Readiness()
-    metrics = metrics or GatewayMetrics()
+    metrics = metrics or GatewayMetrics(routes=Paths.of(config).all())
     metrics.base.track_in_flight(lambda: bus.in_flight)
     admission = admission or Admission(
         config.max_concurrent_requests, connection_share=config.max_connection_share
     )
     metrics.track_admission(admission)
     # One limit for both protocols.
-    keys = ApiKeys(config.api_keys(), protect_metrics=config.protect_metrics)
+    paths = Paths.of(config)
+    keys = ApiKeys(
+        config.api_keys(),
+        protect_metrics=config.protect_metrics,
+        protected=paths.protected,
+        metrics_path=paths.metrics,
+    )
+    keep_alive = config.sse_keep_alive_s
+    exchanges = Exchanges(
+        bus,
+        first_timeout_s=config.request_timeout_s,
+        idle_timeout_s=config.stream_idle_timeout_s,
+        keep_alive=KeepAlive(keep_alive, sse.KEEP_ALIVE) if keep_alive > 0 else None,
+    )
     grpc = GrpcServer(config, bus, readiness, metrics, admission, keys) if serve_grpc else None
 
     @asynccontextmanager
@@ -102,18 +118,11 @@ def create_app(
 
     app = Litestar(
         route_handlers=[
-            *build_routes(bus, readiness, metrics),
-            *build_embedding_routes(
-                bus,
-                timeout_s=config.request_timeout_s,
-                allow_unknown_fields=config.allow_unknown_fields,
-            ),
-            *build_media_routes(
-                bus,
-                timeout_s=config.request_timeout_s,
-                allow_unknown_fields=config.allow_unknown_fields,
-            ),
+            *build_routes(bus, readiness, metrics, paths),
+            *build_ask_routes(exchanges, paths, allow_unknown=config.allow_unknown_fields),
         ],
+        state=State({PATHS_KEY: paths}),
+        request_max_body_size=config.max_body_bytes,
         exception_handlers={
             ServiceError: render_service_error,
             HTTPException: render_http_exception,
@@ -124,27 +133,36 @@ def create_app(
         logging_config=None,
         debug=False,
     )
-    relay = Relay(config, bus, readiness)
+    table = endpoints(paths)
+    relay = Relay(config, exchanges, table)
     return Gateway(
-        app, relay, metrics, grpc, admission, keys, config.send_timeout_s, config.body_timeout_s
+        app,
+        relay,
+        metrics,
+        grpc,
+        admission,
+        keys,
+        config.send_timeout_s,
+        config.body_timeout_s,
+        paths=paths,
+        table=table,
     )
-
-
-ADMITTED_ROUTES = frozenset({embeddings.PATH, media.IMAGES_PATH, media.VIDEOS_PATH})
-"""Inference served by Litestar handlers (request/reply, no stream): admitted like ``PATHS``."""
 
 
 class Gateway:
     """ASGI: a request context per HTTP request; with API keys, a 401 for a protected path
     without a valid one (``auth.ApiKeys``); inference → ``Relay``, and the inference routes
-    Litestar serves (``ADMITTED_ROUTES``), within ``admission``; the rest → Litestar."""
+    Litestar serves (``Paths.asks``), within ``admission``; the rest → Litestar."""
 
     __slots__ = (
         "_admission",
         "_app",
+        "_asks",
         "_body_timeout_s",
+        "_endpoints",
         "_keys",
         "_metrics",
+        "_probes",
         "_relay",
         "_send_timeout_s",
         "grpc",
@@ -160,8 +178,14 @@ class Gateway:
         keys: ApiKeys | None = None,
         send_timeout_s: float = 30.0,
         body_timeout_s: float = 30.0,
+        *,
+        paths: Paths,
+        table: dict[str, Endpoint],
     ) -> None:
         self._app = app
+        self._endpoints = table
+        self._asks = paths.asks
+        self._probes = paths.probes
         self._send_timeout_s = send_timeout_s
         self._body_timeout_s = body_timeout_s
         self._keys = keys or ApiKeys(())
@@ -173,12 +197,12 @@ class Gateway:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == ScopeType.HTTP:
-            with request_context(scope, self._metrics) as ctx:
+            with request_context(scope, self._metrics, self._probes) as ctx:
                 if self._keys.protects(scope["path"]) and not self._keys.allows(scope["headers"]):
                     await self._refuse_key(ctx, send)
-                elif scope["path"] in PATHS:
+                elif scope["path"] in self._endpoints:
                     await self._infer(ctx, scope, receive, send)
-                elif scope["path"] in ADMITTED_ROUTES and scope["method"] == "POST":
+                elif scope["path"] in self._asks and scope["method"] == "POST":
                     await self._admitted(
                         ctx,
                         scope,
@@ -194,7 +218,7 @@ class Gateway:
     async def _refuse_key(self, ctx: RequestContext, send: Send) -> None:
         """401 in the API's own error shape (Anthropic's ``authentication_error`` on
         ``/v1/messages``), the body unread."""
-        endpoint = ENDPOINTS.get(ctx.path)
+        endpoint = self._endpoints.get(ctx.path)
         dialect = endpoint.dialect if endpoint is not None else responses.OPENAI
         error = Unauthenticated(
             "Missing or invalid API key: send it as 'Authorization: Bearer <key>' "
@@ -216,7 +240,7 @@ class Gateway:
             receive,
             send,
             lambda rx, tx: self._relay.serve(ctx, scope, rx, tx),
-            ENDPOINTS[ctx.path].dialect,
+            self._endpoints[ctx.path].dialect,
         )
 
     async def _admitted(

@@ -31,13 +31,8 @@ from services.gateway.apis.openai import (
 )
 from services.gateway.apis.openai_responses_api import parse_responses, responses_to_preprocess
 from services.gateway.http.error_dialects import ANTHROPIC, OPENAI, RESPONSES, ErrorDialect
+from services.gateway.http.paths import Paths
 from shared.messages import Preprocess
-
-CHAT_PATH = "/v1/chat/completions"
-COMPLETIONS_PATH = "/v1/completions"
-MESSAGES_PATH = "/v1/messages"
-COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
-RESPONSES_PATH = "/v1/responses"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,15 +87,15 @@ def _responses(body: bytes, headers: RoutingHeaders, allow_unknown: bool) -> Par
     return Parsed(request.model, partial(responses_to_preprocess, chat, echo=echo, headers=headers))
 
 
-ENDPOINTS: dict[str, Endpoint] = {
-    e.path: e
-    for e in (
-        Endpoint(CHAT_PATH, _chat),
-        Endpoint(COMPLETIONS_PATH, _completion),
-        Endpoint(MESSAGES_PATH, _messages, ANTHROPIC),
-        Endpoint(COUNT_TOKENS_PATH, _count_tokens, ANTHROPIC, kind="count_tokens"),
-        Endpoint(RESPONSES_PATH, _responses, RESPONSES),
-    )
-}
-"""Path -> endpoint, for every path ``Relay`` serves (any method: only ``POST`` is allowed)."""
-PATHS = frozenset(ENDPOINTS)
+def endpoints(paths: Paths) -> dict[str, Endpoint]:
+    """Path -> endpoint, for every path ``Relay`` serves (any method: only ``POST`` is allowed)."""
+    return {
+        e.path: e
+        for e in (
+            Endpoint(paths.chat, _chat),
+            Endpoint(paths.completions, _completion),
+            Endpoint(paths.messages, _messages, ANTHROPIC),
+            Endpoint(paths.count_tokens, _count_tokens, ANTHROPIC, kind="count_tokens"),
+            Endpoint(paths.responses, _responses, RESPONSES),
+        )
+    }

@@ -19,8 +19,8 @@ from litestar import Request
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 
-from services.gateway.apis import openapi_own as out
 from services.gateway.apis import openapi_shapes as api
+from services.gateway.apis import openapi_shapes as out
 from services.gateway.apis.anthropic import CountTokensRequest, MessagesRequest
 from services.gateway.apis.embeddings import EmbeddingRequest, EmbeddingResponse
 from services.gateway.apis.media import ImageRequest, ImagesResponse, VideoRequest, VideoResponse
@@ -30,6 +30,7 @@ from services.gateway.apis.openai_types import (
     CompletionRequest,
     ErrorResponse,
 )
+from services.gateway.http.paths import Paths
 from shared.api_objects import ChatCompletion, ChatCompletionChunk, Completion
 
 _REF = "#/components/schemas/{name}"
@@ -171,12 +172,23 @@ def with_inference(
     }
 
 
+PATHS_KEY = "jetserve_paths"
+"""Where the app's state holds its ``Paths`` (the documented paths are the served ones)."""
+
+
+def served(paths: Paths) -> list[Endpoint]:
+    """``ENDPOINTS`` at the paths the gateway serves them on."""
+    moved = {getattr(Paths(), name): getattr(paths, name) for name in Paths.__slots__}
+    return [e._replace(path=moved.get(e.path, e.path)) for e in ENDPOINTS]
+
+
 def document_of(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """The gateway's whole document: Litestar's plus ``ENDPOINTS`` (cached on the app)."""
     state = request.app.state
     cached: dict[str, Any] | None = state.get(_STATE_KEY)
     if cached is None:
-        cached = with_inference(request.app.openapi_schema.to_schema(), ENDPOINTS)
+        paths = state.get(PATHS_KEY) or Paths()
+        cached = with_inference(request.app.openapi_schema.to_schema(), served(paths))
         state[_STATE_KEY] = cached
     return cached
 

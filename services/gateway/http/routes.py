@@ -1,7 +1,8 @@
-"""Litestar routes: ``/v1/models``, ``/health``, ``/live``, ``/metrics``, ``/docs`` (Swagger UI).
+"""Litestar routes: ``/v1/models``, ``/health``, ``/live``, ``/metrics``, ``/docs`` (Swagger UI),
+and the request/reply inference routes (embeddings, images, videos).
 
-Handlers are closures built by ``build_routes`` over their collaborators, so nothing is
-injected per request. The two inference endpoints are not here: ``relay.py`` serves them.
+Handlers are closures built over their collaborators, so nothing is injected per request. The
+streaming inference endpoints are not here: ``relay.py`` serves them.
 """
 
 from __future__ import annotations
@@ -11,14 +12,19 @@ from collections.abc import Iterable
 from typing import Any
 
 import msgspec
-from litestar import Request, Response, get
+from litestar import Request, Response, get, post
 from litestar.handlers import HTTPRouteHandler
 
-from services.gateway.apis import openapi_own as out
-from services.gateway.core.bus import GatewayBus
+from services.gateway.apis import embeddings, media
+from services.gateway.apis import openapi_shapes as out
+from services.gateway.core import asks
+from services.gateway.core.context import current
+from services.gateway.core.exchange import Exchanges
 from services.gateway.core.metrics import CONTENT_TYPE, GatewayMetrics
+from services.gateway.core.port import GatewayBus
+from services.gateway.core.readiness import Readiness
 from services.gateway.http.openapi import DOCS_PATH, swagger_page
-from services.gateway.http.relay import Readiness
+from services.gateway.http.paths import Paths
 from shared.messages import WORKER_ROLES, WorkerCard
 
 JSON = "application/json"
@@ -35,12 +41,12 @@ def model_workers(cards: Iterable[WorkerCard]) -> out.ModelWorkers:
 
 
 def build_routes(
-    bus: GatewayBus, readiness: Readiness, metrics: GatewayMetrics
+    bus: GatewayBus, readiness: Readiness, metrics: GatewayMetrics, paths: Paths
 ) -> list[HTTPRouteHandler]:
     """The gateway's Litestar route handlers, bound to ``bus``, ``readiness`` and ``metrics``."""
     started_at = int(time.time())
 
-    @get("/v1/models", include_in_schema=False)
+    @get(paths.models, include_in_schema=False)
     async def list_models() -> Response[bytes]:
         data = []
         for model in bus.live_models():
@@ -50,7 +56,7 @@ def build_routes(
             data.append(out.Model(id=model, created=created, owned_by="jetserve", jetserve=workers))
         return Response(msgspec.json.encode(out.ModelList(data=data)), media_type=JSON)
 
-    @get("/health", include_in_schema=False)
+    @get(paths.health, include_in_schema=False)
     async def health() -> Response[bytes]:
         models = bus.live_models()
         if readiness.is_shutting_down:
@@ -67,11 +73,13 @@ def build_routes(
         code = 200 if status == "ok" else 503
         return Response(msgspec.json.encode(body), status_code=code, media_type=JSON)
 
-    @get("/live", include_in_schema=False)
+    @get(paths.live, include_in_schema=False)
     async def live() -> Response[bytes]:
+        if readiness.is_shutting_down:  # draining: orchestrators stop counting on this process
+            return Response(b'{"status":"draining"}', status_code=503, media_type=JSON)
         return Response(b'{"status":"ok"}', media_type=JSON)
 
-    @get("/metrics", include_in_schema=False)
+    @get(paths.metrics, include_in_schema=False)
     async def prometheus() -> Response[bytes]:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 
@@ -80,3 +88,48 @@ def build_routes(
         return Response(swagger_page(request), media_type="text/html; charset=utf-8")
 
     return [list_models, health, live, prometheus, docs]
+
+
+def build_ask_routes(
+    exchanges: Exchanges, paths: Paths, *, allow_unknown: bool
+) -> list[HTTPRouteHandler]:
+    """``/v1/embeddings``, ``/v1/images/generations`` and ``/v1/videos/generations``: parse
+    (``apis/``), then one request/reply exchange (``core/asks.py``)."""
+
+    @post(paths.embeddings, status_code=200, include_in_schema=False)
+    async def embed(request: Request[Any, Any, Any]) -> Response[bytes]:
+        parsed = embeddings.parse(await request.body(), allow_unknown=allow_unknown)
+        envelope = exchanges.envelope(current())
+        return Response(await asks.embed(exchanges, parsed, envelope), media_type=JSON)
+
+    @post(paths.images, status_code=200, include_in_schema=False)
+    async def images(request: Request[Any, Any, Any]) -> Response[bytes]:
+        parsed = media.parse_image(await request.body(), allow_unknown=allow_unknown)
+        envelope = exchanges.envelope(current())
+        message = media.image_message(
+            parsed, request_id=envelope.request_id, deadline_ms=envelope.deadline_ms
+        )
+        result = await asks.generate_media(exchanges, message, envelope)
+        size = (message.width, message.height)
+        body = media.image_body(result, parsed, created=envelope.created, size=size)
+        return Response(body, media_type=JSON)
+
+    @post(paths.videos, status_code=200, include_in_schema=False)
+    async def videos(request: Request[Any, Any, Any]) -> Response[bytes]:
+        parsed = media.parse_video(await request.body(), allow_unknown=allow_unknown)
+        envelope = exchanges.envelope(current())
+        message = media.video_message(
+            parsed, request_id=envelope.request_id, deadline_ms=envelope.deadline_ms
+        )
+        started = time.monotonic()
+        result = await asks.generate_media(exchanges, message, envelope)
+        body = media.video_body(
+            result,
+            parsed,
+            video_id=f"video_{envelope.request_id}",
+            created=envelope.created,
+            inference_time_s=time.monotonic() - started,
+        )
+        return Response(body, media_type=JSON)
+
+    return [embed, images, videos]

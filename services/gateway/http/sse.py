@@ -1,4 +1,5 @@
-"""Pure: the one SSE event the gateway writes itself (the formatter frames all the others).
+"""Pure: the SSE bytes the gateway writes itself (the formatter frames all the others): the
+keep-alive comment an idle stream gets (``--sse-keep-alive-s``), and the error event below.
 
 A stream that fails after its headers went out ends with an error event in the dialect of its
 API: OpenAI chat and completions ``data: {"error": …}`` then ``data: [DONE]``; Anthropic
@@ -16,6 +17,8 @@ import msgspec
 from shared import sse
 from shared.errors import ServiceError
 
+KEEP_ALIVE = b": keep-alive\n\n"
+"""An SSE comment line: clients ignore it (the SSE standard), proxies see bytes flow."""
 _SEQUENCE = re.compile(rb'"sequence_number":(\d+)')
 
 

@@ -9,7 +9,7 @@ from services.formatter.request import RequestFormatter
 from services.formatter.shapers import KServeShaper, shaper_for
 from shared.messages import KServeOutput, TokenBatch
 from tests.unit.formatter.test_text_format import batches, run, stream_open, token_count
-from tests.unit.test_kserve_wire import parsed
+from tests.unit.shared.test_kserve_wire import parsed
 
 
 def kserve_formatter(tokenizer: Any, **output: Any) -> RequestFormatter:

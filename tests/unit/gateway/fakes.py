@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from services.gateway.core.bus import Inbox, Reply, ReplyItem
-from shared.messages import ModelCard, Preprocess, TensorInfer, WorkerCard
+from services.gateway.core.errors import NoResponders
+from services.gateway.core.port import GatewayBus
+from shared.errors import ServiceUnavailable
+from shared.messages import (
+    CountTokens,
+    Embed,
+    EmbedResult,
+    MediaGenerate,
+    MediaResult,
+    ModelCard,
+    Preprocess,
+    TensorInfer,
+    WorkerCard,
+)
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
-class FakeBus:
-    """Answers every request with ``script``; records what the app asked for."""
+class FakeBus(GatewayBus):
+    """Answers every request with ``script``; records what the app asked for. Implements the
+    ``GatewayBus`` Protocol (subclassing it, so mypy checks every method's signature)."""
 
     def __init__(self) -> None:
         self.script: list[ReplyItem] = []
@@ -22,10 +34,10 @@ class FakeBus:
         self.inboxes: list[Inbox] = []
         """One per submitted request, for replies that arrive later."""
         self.cancelled: list[tuple[str, str]] = []
-        self.is_connected = True
-        self.in_flight = 0
-        self.cards: dict[str, ModelCard] = {}
-        """Cards by model; any other model gets an LLM card."""
+        self.connected = True
+        self.pending = 0
+        self.cards: dict[str, ModelCard | None] = {}
+        """Cards by model (``None``: never published); any other model gets an LLM card."""
         self.workers = ["t1"]
         """The live workers ``workers_in_turn`` gives (tensor models)."""
         self.cards_of_workers: list[WorkerCard] = [WorkerCard(worker_id="w1", model="m")]
@@ -33,6 +45,20 @@ class FakeBus:
         self.tensor_sent: list[tuple[TensorInfer, str]] = []
         self.tensor_scripts: list[list[ReplyItem]] = []
         """One script per tensor submit, in order (else ``script``)."""
+        self.resent: list[Preprocess] = []
+        self.gone: set[str] = set()
+        """Workers that answer "no responders" (media)."""
+        self.asked: list[str] = []
+        """The workers asked, in order (media)."""
+        self.token_counts: list[CountTokens] = []
+
+    @property
+    def is_connected(self) -> bool:
+        return self.connected
+
+    @property
+    def in_flight(self) -> int:
+        return self.pending
 
     async def start(self) -> None:
         self.started = True
@@ -48,7 +74,9 @@ class FakeBus:
             raise self.check_error
 
     async def model_card(self, model: str) -> ModelCard | None:
-        return self.cards.get(model) or ModelCard(model=model, context_length=8, created=123)
+        if model in self.cards:
+            return self.cards[model]
+        return ModelCard(model=model, context_length=8, created=123)
 
     def is_live(self, model: str) -> bool:
         return True
@@ -66,8 +94,7 @@ class FakeBus:
         for item in script:
             inbox.put_nowait(item)
         self.inboxes.append(inbox)
-        bus: Any = self
-        return Reply(bus, request.request_id, inbox)
+        return Reply(self, request.request_id, inbox)
 
     def reply_subject(self, request_id: str) -> str:
         return f"gw.{request_id}"
@@ -83,11 +110,34 @@ class FakeBus:
         for item in self.script:
             inbox.put_nowait(item)
         self.inboxes.append(inbox)
-        bus: Any = self
-        return Reply(bus, request.request_id, inbox)
+        return Reply(self, request.request_id, inbox)
 
     def forget(self, request_id: str) -> None:
         pass
 
     def cancel_soon(self, request_id: str, reason: str) -> None:
         self.cancelled.append((request_id, reason))
+
+    async def resend(self, request: Preprocess, inbox: Inbox) -> None:
+        self.resent.append(request)
+
+    async def embed(self, request: Embed, timeout_s: float) -> EmbedResult:
+        raise ServiceUnavailable("No embedder in this fake.")
+
+    async def count_tokens(self, request: CountTokens, timeout_s: float) -> int:
+        self.token_counts.append(request)
+        return 7
+
+    async def generate_media(
+        self, request: MediaGenerate, worker_id: str, timeout_s: float
+    ) -> MediaResult:
+        self.asked.append(worker_id)
+        if worker_id in self.gone:
+            raise NoResponders(f"The worker `{worker_id}` of `{request.model}` is not running.")
+        return MediaResult(
+            request_id=request.request_id,
+            model=request.model,
+            media_type="image/png",
+            items=(b"x",),
+            worker_id=worker_id,
+        )

@@ -14,8 +14,8 @@ from litestar.testing import AsyncTestClient
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from services.gateway.core.admission import Admission
 from services.gateway.config import GatewayConfig
+from services.gateway.core.admission import Admission
 from services.gateway.core.metrics import GatewayMetrics
 from services.gateway.http.app import create_app
 from services.gateway.http.stalls import BoundedSend
@@ -150,7 +150,7 @@ class TestHttpAdmission:
         bus = FakeBus()
         admission = Admission(1)
         admission.try_enter()  # another request holds the only slot
-        app = create_app(GatewayConfig(), bus=bus, admission=admission)  # type: ignore[arg-type]
+        app = create_app(GatewayConfig(), bus=bus, admission=admission)
         async with AsyncTestClient(app) as http:
             response = await http.post("/v1/chat/completions", json=CHAT)
         assert response.status_code == 503
@@ -164,7 +164,7 @@ class TestHttpAdmission:
         bus = FakeBus()
         bus.script = [ResponseChunk(request_id="r", data=b"{}", done=True)]
         admission = Admission(1)
-        app = create_app(GatewayConfig(), bus=bus, admission=admission)  # type: ignore[arg-type]
+        app = create_app(GatewayConfig(), bus=bus, admission=admission)
         async with AsyncTestClient(app) as http:
             ok = await http.post("/v1/chat/completions", json=CHAT)
             bad = await http.post("/v1/chat/completions", content=b"{")
@@ -175,7 +175,7 @@ class TestHttpAdmission:
     async def test_other_methods_are_405_even_when_full(self) -> None:
         admission = Admission(1)
         admission.try_enter()
-        app = create_app(GatewayConfig(), bus=FakeBus(), admission=admission)  # type: ignore[arg-type]
+        app = create_app(GatewayConfig(), bus=FakeBus(), admission=admission)
         async with AsyncTestClient(app) as http:
             response = await http.get("/v1/chat/completions")
         assert response.status_code == 405
@@ -188,7 +188,7 @@ class TestHttpAdmission:
         bus.script = [ResponseChunk(request_id="r", data=b"{}", done=True)]
         admission = Admission(4)  # a connection's share: 1
         admission.try_enter(TEST_CLIENT)  # this client's connection holds it
-        app = create_app(GatewayConfig(), bus=bus, admission=admission)  # type: ignore[arg-type]
+        app = create_app(GatewayConfig(), bus=bus, admission=admission)
         async with AsyncTestClient(app) as http:
             refused = await http.post("/v1/chat/completions", json=CHAT)
             assert admission.try_enter(("127.0.0.1", 1234))  # another connection
@@ -206,7 +206,7 @@ class TestHttpAdmission:
         bus.script = [ResponseChunk(request_id="r", data=b"{}", done=True)]
         config = GatewayConfig(max_concurrent_requests=4, max_connection_share=1.0)
         metrics = GatewayMetrics()
-        app = create_app(config, bus=bus, metrics=metrics)  # type: ignore[arg-type]
+        app = create_app(config, bus=bus, metrics=metrics)
         async with AsyncTestClient(app) as http:
             response = await http.post("/v1/chat/completions", json=CHAT)
         assert response.status_code == 200
@@ -215,7 +215,7 @@ class TestHttpAdmission:
     async def test_the_limit_comes_from_the_config(self) -> None:
         metrics = GatewayMetrics()
         config = GatewayConfig(max_concurrent_requests=5)
-        create_app(config, bus=FakeBus(), metrics=metrics)  # type: ignore[arg-type]
+        create_app(config, bus=FakeBus(), metrics=metrics)
         text = metrics.exposition().decode()
         assert "jetserve_gateway_max_concurrent_requests 5.0" in text.splitlines()
 
@@ -224,7 +224,7 @@ async def test_metrics_show_requests_in_flight_the_limit_and_refusals() -> None:
     metrics = GatewayMetrics()
     admission = Admission(1)
     admission.try_enter()
-    app = create_app(GatewayConfig(), bus=FakeBus(), metrics=metrics, admission=admission)  # type: ignore[arg-type]
+    app = create_app(GatewayConfig(), bus=FakeBus(), metrics=metrics, admission=admission)
     async with AsyncTestClient(app) as http:
         await http.post("/v1/chat/completions", json=CHAT)
         lines = (await http.get("/metrics")).text.splitlines()
@@ -384,7 +384,7 @@ async def test_a_stream_nobody_reads_is_ended_and_its_slot_freed() -> None:
     admission = Admission(4)
     metrics = GatewayMetrics()
     config = GatewayConfig(send_timeout_s=0.001, request_timeout_s=5, stream_idle_timeout_s=5)
-    app = create_app(config, bus=bus, metrics=metrics, admission=admission)  # type: ignore[arg-type]
+    app = create_app(config, bus=bus, metrics=metrics, admission=admission)
     cycle = StopsReadingAfterHeaders()
     body = msgspec.json.encode({**CHAT, "stream": True})
     requests = [{"type": "http.request", "body": body, "more_body": False}]

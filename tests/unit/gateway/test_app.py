@@ -9,8 +9,8 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from services.gateway.config import GatewayConfig
+from services.gateway.core.readiness import Readiness
 from services.gateway.http.app import create_app
-from services.gateway.http.relay import Readiness
 from shared.messages import WorkerCard
 from tests.unit.gateway.fakes import CHAT, FakeBus
 
@@ -28,13 +28,13 @@ def readiness() -> Readiness:
 @pytest.fixture
 async def http(bus: FakeBus, readiness: Readiness) -> AsyncIterator[AsyncTestClient[Any]]:
     config = GatewayConfig(request_timeout_s=0.2, stream_idle_timeout_s=0.2, gateway_id="gw")
-    app = create_app(config, bus=bus, readiness=readiness)  # type: ignore[arg-type]
+    app = create_app(config, bus=bus, readiness=readiness)
     async with AsyncTestClient(app) as client:
         yield client
 
 
 async def test_lifespan_starts_and_stops_the_bus(bus: FakeBus) -> None:
-    app = create_app(GatewayConfig(), bus=bus)  # type: ignore[arg-type]
+    app = create_app(GatewayConfig(), bus=bus)
     async with AsyncTestClient(app):
         assert bus.started
     assert bus.stopped

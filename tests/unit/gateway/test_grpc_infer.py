@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from typing import Any
 
 import pytest
 
 from services.gateway.apis.kserve import join_bytes
-from services.gateway.config import GatewayConfig
 from services.gateway.core.context import RequestContext
 from services.gateway.core.errors import NoResponders
+from services.gateway.core.exchange import Exchanges
+from services.gateway.core.readiness import Readiness
+from services.gateway.grpc.http2.connection import StreamReset
 from services.gateway.grpc.infer import Inference
-from services.gateway.http.relay import Readiness
 from shared.errors import InternalError, InvalidRequest, ShuttingDown, UpstreamTimeout
 from shared.kserve import grpc_service_pb2 as pb
 from shared.messages import (
@@ -77,10 +77,13 @@ def llm(prompt: bytes = b"Hi", *, streaming: bool | None = None) -> pb.ModelInfe
     return request
 
 
-def inference(bus: FakeBus, readiness: Readiness | None = None) -> Inference:
-    config = GatewayConfig(request_timeout_s=0.5, stream_idle_timeout_s=0.5)
-    fake: Any = bus
-    return Inference(config, fake, readiness or Readiness())
+def inference(
+    bus: FakeBus, readiness: Readiness | None = None, *, timeout_s: float = 0.5
+) -> Inference:
+    exchanges = Exchanges(
+        bus, first_timeout_s=timeout_s, idle_timeout_s=timeout_s, client_gone=(StreamReset,)
+    )
+    return Inference(exchanges, readiness or Readiness())
 
 
 def context() -> RequestContext:
@@ -155,9 +158,7 @@ async def test_a_cancelled_call_cancels_upstream() -> None:
 async def test_the_client_deadline_bounds_the_wait_and_cancels_as_timeout() -> None:
     bus = FakeBus()
     # The gateway's own timeouts are an hour: only the client's deadline can end this wait.
-    config = GatewayConfig(request_timeout_s=3600.0, stream_idle_timeout_s=3600.0)
-    fake: Any = bus
-    served = Inference(config, fake, Readiness())
+    served = inference(bus, timeout_s=3600.0)
     deadline = time.monotonic() + 0.05
     with pytest.raises(UpstreamTimeout):
         await asyncio.wait_for(served.run(llm(), context(), deadline=deadline), HANG_S)

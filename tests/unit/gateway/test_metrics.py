@@ -26,8 +26,8 @@ def _sample(text: str, name: str) -> float:
 async def test_metrics_count_requests_by_endpoint_and_status() -> None:
     bus = FakeBus()
     bus.script = [ResponseChunk(request_id="r", data=b"{}", done=True)]
-    bus.in_flight = 3
-    app = create_app(GatewayConfig(), bus=bus, metrics=GatewayMetrics())  # type: ignore[arg-type]
+    bus.pending = 3
+    app = create_app(GatewayConfig(), bus=bus, metrics=GatewayMetrics())
     async with AsyncTestClient(app) as http:
         assert (await http.post("/v1/chat/completions", json=CHAT)).status_code == 200
         assert (await http.post("/v1/chat/completions", content=b"{")).status_code == 400
@@ -54,7 +54,7 @@ def test_unknown_paths_share_one_label() -> None:
 async def test_routing_headers_reach_the_bus_message() -> None:
     bus = FakeBus()
     bus.script = [ResponseChunk(request_id="r", data=b"{}", done=True)]
-    app = create_app(GatewayConfig(), bus=bus)  # type: ignore[arg-type]
+    app = create_app(GatewayConfig(), bus=bus)
     headers = {"x-worker-instance-id": "w1", "x-tenant-id": "acme"}
     async with AsyncTestClient(app) as http:
         await http.post("/v1/chat/completions", json=CHAT, headers=headers)

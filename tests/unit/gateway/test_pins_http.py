@@ -29,7 +29,7 @@ async def http(bus: FakeBus) -> AsyncIterator[AsyncTestClient[Any]]:
     config = GatewayConfig(
         request_timeout_s=0.2, stream_idle_timeout_s=0.2, gateway_id="gw", retry_budget_s=0
     )
-    app = create_app(config, bus=bus)  # type: ignore[arg-type]
+    app = create_app(config, bus=bus)
     async with AsyncTestClient(app) as client:
         yield client
 

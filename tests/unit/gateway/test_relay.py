@@ -20,8 +20,8 @@ from structlog.testing import capture_logs
 from services.gateway.config import GatewayConfig
 from services.gateway.core.errors import DuplicateRequestId
 from services.gateway.core.metrics import GatewayMetrics
+from services.gateway.core.readiness import Readiness
 from services.gateway.http.app import create_app
-from services.gateway.http.relay import Readiness
 from shared.errors import ModelNotFound, NoWorkerAvailable, from_message
 from shared.messages import RequestFailed, ResponseChunk
 from tests.unit.gateway.fakes import CHAT, FakeBus
@@ -82,13 +82,16 @@ async def exchange(
     readiness: Readiness | None = None,
     disconnect_in_body: bool = False,
     client: Callable[[FakeBus, asyncio.Event], Awaitable[None]] | None = None,
+    config: GatewayConfig | None = None,
 ) -> Exchange:
     """One request through the app; ``client`` runs beside it (late replies, a disconnect)."""
-    config = GatewayConfig(request_timeout_s=0.2, stream_idle_timeout_s=0.2, gateway_id="gw")
+    config = config or GatewayConfig(
+        request_timeout_s=0.2, stream_idle_timeout_s=0.2, gateway_id="gw"
+    )
     bus = bus or FakeBus()
     bus.script = list(script)
     metrics = GatewayMetrics()
-    app = create_app(config, bus=bus, readiness=readiness, metrics=metrics)  # type: ignore[arg-type]
+    app = create_app(config, bus=bus, readiness=readiness, metrics=metrics)
     sent: list[dict[str, Any]] = []
     gone = asyncio.Event()  # as uvicorn: the client disconnected, or the response is complete
     messages: list[dict[str, Any]] = [
@@ -208,6 +211,43 @@ async def test_sse_chunks_arriving_apart_are_flushed_as_they_come() -> None:
         body(CHUNK.data, more=True),
         body(DONE.data),
     ]
+
+
+KEEP_ALIVE = GatewayConfig(
+    request_timeout_s=5, stream_idle_timeout_s=5, gateway_id="gw", sse_keep_alive_s=0.01
+)
+
+
+async def test_an_idle_stream_gets_keep_alive_comments_between_chunks() -> None:
+    async def slow(bus: FakeBus, gone: asyncio.Event) -> None:
+        await asyncio.sleep(0.2)  # 20 keep-alive intervals: their timers fire first
+        bus.inboxes[0].put_nowait(DONE)
+
+    done = await exchange([STREAM_BODY], script=[CHUNK], client=slow, config=KEEP_ALIVE)
+    assert done.sent[:2] == [start(200, SSE), body(CHUNK.data, more=True)]
+    assert done.sent[-1] == body(DONE.data)
+    middle = done.sent[2:-1]
+    assert middle and all(m == body(b": keep-alive\n\n", more=True) for m in middle)
+
+
+async def test_keep_alives_do_not_extend_the_idle_limit() -> None:
+    config = GatewayConfig(
+        request_timeout_s=5, stream_idle_timeout_s=0.1, gateway_id="gw", sse_keep_alive_s=0.02
+    )
+    done = await exchange([STREAM_BODY], script=[CHUNK], config=config)
+    assert done.sent[-1]["body"].startswith(b'data: {"error"')
+    assert (done.access["error"], done.bus.cancelled) == ("timeout", [("r1", "timeout")])
+
+
+async def test_a_json_answer_gets_no_keep_alive() -> None:
+    async def slow(bus: FakeBus, gone: asyncio.Event) -> None:
+        await asyncio.sleep(0.1)
+        bus.inboxes[0].put_nowait(JSON_DONE)
+
+    chunk = ResponseChunk(request_id="r1", data=b'{"a":')
+    done = await exchange(script=[chunk], client=slow, config=KEEP_ALIVE)
+    assert [m["type"] for m in done.sent] == ["http.response.start", "http.response.body"]
+    assert done.sent[1]["body"] == b'{"a":{"a":1}'
 
 
 async def test_completion_stream_in_a_body_read_in_parts() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -13,7 +15,7 @@ import pytest
 
 from services.gateway.apis.bodies import UnknownField
 from services.gateway.apis.media import (
-    generate,
+    IMAGES_PATH,
     image_body,
     image_message,
     parse_image,
@@ -21,11 +23,13 @@ from services.gateway.apis.media import (
     video_body,
     video_message,
 )
+from services.gateway.core import asks
+from services.gateway.core.context import RequestContext
 from services.gateway.core.errors import NoResponders
-from shared import codec
+from services.gateway.core.exchange import Exchanges
 from shared.errors import InvalidRequest, ModelNotFound, NoWorkerAvailable, UpstreamTimeout
-from shared.messages import MediaGenerate, MediaResult, ModelCard, RequestFailed
-from shared.subjects import Subjects
+from shared.messages import MediaResult, ModelCard
+from tests.unit.gateway.fakes import FakeBus
 
 
 def body(**fields: Any) -> bytes:
@@ -177,86 +181,62 @@ def test_video_body() -> None:
 # --- the exchange (fake bus) ---------------------------------------------------------------------
 
 
-class FakeBus:
-    """A ``MediaBus`` whose workers answer from a script: ``gone`` ones say "no responders"."""
-
-    def __init__(self, card: ModelCard | None, workers: list[str], gone: set[str]) -> None:
-        self.subjects = Subjects("t")
-        self.card = card
-        self.workers = workers
-        self.gone = gone
-        self.asked: list[str] = []
-
-    async def model_card(self, model: str) -> ModelCard | None:
-        return self.card
-
-    def workers_in_turn(self, model: str) -> list[str]:
-        return list(self.workers)
-
-    async def ask(
-        self,
-        subject: str,
-        request: msgspec.Struct,
-        answers: Any,
-        timeout_s: float,
-        param: str | None = None,
-        unreachable: str = "",
-    ) -> Any:
-        worker = subject.split(".")[-2]
-        self.asked.append(worker)
-        if worker in self.gone:
-            raise NoResponders(unreachable)
-        assert isinstance(request, MediaGenerate)
-        reply = MediaResult(
-            request_id=request.request_id,
-            model=request.model,
-            media_type="image/png",
-            items=(b"x",),
-            worker_id=worker,
-        )
-        decoded = answers.decode(codec.encode(reply))
-        assert not isinstance(decoded, RequestFailed)
-        return decoded
-
-
-MESSAGE = image_message(parse_image(body()), request_id="r", deadline_ms=0)
 IMAGE_CARD = ModelCard(model="img", context_length=0, kind="image")
 
 
+def fake(card: ModelCard | None, workers: list[str], gone: set[str]) -> FakeBus:
+    bus = FakeBus()
+    bus.cards = {"img": card}
+    bus.workers, bus.gone = workers, gone
+    return bus
+
+
+async def generate(
+    bus: FakeBus, timeout_s: float = 5, clock: Callable[[], float] = time.monotonic
+) -> MediaResult:
+    exchanges = Exchanges(bus, first_timeout_s=timeout_s, idle_timeout_s=timeout_s, clock=clock)
+    ctx = RequestContext("r", "POST", IMAGES_PATH)
+    envelope = exchanges.envelope(ctx)
+    message = image_message(
+        parse_image(body()), request_id=envelope.request_id, deadline_ms=envelope.deadline_ms
+    )
+    return await asks.generate_media(exchanges, message, envelope)
+
+
 async def test_first_worker_in_turn_answers() -> None:
-    bus = FakeBus(IMAGE_CARD, ["w1", "w2"], gone=set())
-    assert (await generate(bus, MESSAGE, timeout_s=5)).worker_id == "w1"
+    bus = fake(IMAGE_CARD, ["w1", "w2"], gone=set())
+    assert (await generate(bus)).worker_id == "w1"
     assert bus.asked == ["w1"]
 
 
 async def test_a_gone_worker_is_skipped() -> None:
-    bus = FakeBus(IMAGE_CARD, ["w1", "w2"], gone={"w1"})
-    assert (await generate(bus, MESSAGE, timeout_s=5)).worker_id == "w2"
+    bus = fake(IMAGE_CARD, ["w1", "w2"], gone={"w1"})
+    assert (await generate(bus)).worker_id == "w2"
     assert bus.asked == ["w1", "w2"]
 
 
 async def test_every_worker_gone_is_503() -> None:
-    bus = FakeBus(IMAGE_CARD, ["w1", "w2"], gone={"w1", "w2"})
+    bus = fake(IMAGE_CARD, ["w1", "w2"], gone={"w1", "w2"})
     with pytest.raises(NoResponders) as caught:
-        await generate(bus, MESSAGE, timeout_s=5)
+        await generate(bus)
     assert caught.value.status == 503
 
 
 async def test_unknown_model_404_wrong_kind_400_no_worker_503() -> None:
     with pytest.raises(ModelNotFound):
-        await generate(FakeBus(None, ["w"], set()), MESSAGE, timeout_s=5)
+        await generate(fake(None, ["w"], set()))
     llm = ModelCard(model="img", context_length=8, kind="llm")
     with pytest.raises(InvalidRequest, match="not an image generation model") as caught:
-        await generate(FakeBus(llm, ["w"], set()), MESSAGE, timeout_s=5)
+        await generate(fake(llm, ["w"], set()))
     assert caught.value.param == "model"
     with pytest.raises(NoWorkerAvailable) as no_worker:
-        await generate(FakeBus(IMAGE_CARD, [], set()), MESSAGE, timeout_s=5)
+        await generate(fake(IMAGE_CARD, [], set()))
     assert no_worker.value.status == 503
 
 
 async def test_the_time_limit_covers_every_attempt() -> None:
     ticks = iter([0.0, 0.0, 10.0])
-    bus = FakeBus(IMAGE_CARD, ["w1", "w2"], gone={"w1"})
+    bus = fake(IMAGE_CARD, ["w1", "w2"], gone={"w1"})
     with pytest.raises(UpstreamTimeout):
-        await generate(bus, MESSAGE, timeout_s=5, clock=lambda: next(ticks))
+        await generate(bus, clock=lambda: next(ticks))
     assert bus.asked == ["w1"]

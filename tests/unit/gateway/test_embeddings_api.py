@@ -9,7 +9,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
 from services.embedder.vectors import to_float32_le
@@ -17,19 +16,23 @@ from services.gateway.apis.embeddings import (
     BATCH_INPUTS,
     BATCH_UNITS,
     MAX_INPUTS,
+    PATH,
     EmbeddingRequest,
     Inputs,
     batches,
-    build_embedding_routes,
     check_card,
-    create_embeddings,
     inputs_of,
     parse,
     response_body,
 )
-from services.gateway.http.app import render_service_error
+from services.gateway.config import GatewayConfig
+from services.gateway.core import asks
+from services.gateway.core.context import RequestContext
+from services.gateway.core.exchange import Exchanges
+from services.gateway.http.app import create_app
 from shared.errors import InvalidRequest, ModelNotFound, NoWorkerAvailable, ServiceError
 from shared.messages import Embed, EmbedResult, ModelCard
+from tests.unit.gateway.fakes import FakeBus
 
 MODEL = "Qwen/Qwen3-Embedding-0.6B"
 EMBEDDING_CARD = ModelCard(model=MODEL, context_length=32768, kind="embedding")
@@ -189,16 +192,14 @@ class TestResponseBody:
         assert list(struct.unpack("<3f", raw)) == floats["data"][0]["embedding"]
 
 
-class FakeBus:
+class EmbeddingBus(FakeBus):
     """Cards by model, live models, and an ``embed`` answering one vector per input."""
 
-    def __init__(self, cards: dict[str, ModelCard], live: set[str]) -> None:
+    def __init__(self, cards: dict[str, ModelCard | None], live: set[str]) -> None:
+        super().__init__()
         self.cards = cards
         self.live = live
         self.sent: list[Embed] = []
-
-    async def model_card(self, model: str) -> ModelCard | None:
-        return self.cards.get(model)
 
     async def check_model(self, model: str) -> None:
         if model not in self.live:
@@ -215,28 +216,39 @@ class FakeBus:
 
 
 @pytest.fixture
-def bus() -> FakeBus:
-    return FakeBus({MODEL: EMBEDDING_CARD, LLM_CARD.model: LLM_CARD}, {MODEL, LLM_CARD.model})
+def bus() -> EmbeddingBus:
+    cards: dict[str, ModelCard | None] = {
+        MODEL: EMBEDDING_CARD,
+        LLM_CARD.model: LLM_CARD,
+        "nope": None,  # never published
+    }
+    return EmbeddingBus(cards, {MODEL, LLM_CARD.model})
+
+
+async def create_embeddings(bus: EmbeddingBus, request: EmbeddingRequest) -> bytes:
+    exchanges = Exchanges(bus, first_timeout_s=1, idle_timeout_s=1)
+    envelope = exchanges.envelope(RequestContext("r", "POST", PATH))
+    return await asks.embed(exchanges, request, envelope)
 
 
 class TestCreateEmbeddings:
-    async def test_batches_come_back_in_input_order(self, bus: FakeBus) -> None:
+    async def test_batches_come_back_in_input_order(self, bus: EmbeddingBus) -> None:
         texts: list[Any] = [f"t{i}" for i in range(BATCH_INPUTS * 2 + 5)]
         request = EmbeddingRequest(model=MODEL, input=texts)
-        out = msgspec.json.decode(
-            await create_embeddings(bus, request, timeout_s=1, request_id="r")
-        )
+        out = msgspec.json.decode(await create_embeddings(bus, request))
         assert [d["embedding"][0] for d in out["data"]] == [float(i) for i in range(len(texts))]
         assert out["usage"]["prompt_tokens"] == len(texts)
 
-    async def test_each_batch_has_its_own_request_id(self, bus: FakeBus) -> None:
+    async def test_each_batch_has_its_own_request_id(self, bus: EmbeddingBus) -> None:
         request = EmbeddingRequest(model=MODEL, input=["a"] * (BATCH_INPUTS + 1))
-        await create_embeddings(bus, request, timeout_s=1, request_id="r")
+        await create_embeddings(bus, request)
         assert sorted(e.request_id for e in bus.sent) == ["r-0", "r-1"]
 
-    async def test_one_batch_keeps_the_request_id_and_passes_dimensions(self, bus: FakeBus) -> None:
+    async def test_one_batch_keeps_the_request_id_and_passes_dimensions(
+        self, bus: EmbeddingBus
+    ) -> None:
         request = EmbeddingRequest(model=MODEL, input=[[1, 2]], dimensions=4)
-        await create_embeddings(bus, request, timeout_s=1, request_id="r")
+        await create_embeddings(bus, request)
         assert [(e.request_id, e.token_ids, e.dimensions) for e in bus.sent] == [
             ("r", ((1, 2),), 4)
         ]
@@ -244,22 +256,17 @@ class TestCreateEmbeddings:
     @pytest.mark.parametrize(
         ("model", "status"), [("nope", 404), (LLM_CARD.model, 400), ("down", 503)]
     )
-    async def test_model_errors(self, bus: FakeBus, model: str, status: int) -> None:
+    async def test_model_errors(self, bus: EmbeddingBus, model: str, status: int) -> None:
         bus.cards["down"] = msgspec.structs.replace(EMBEDDING_CARD, model="down")
         with pytest.raises(ServiceError) as err:
-            await create_embeddings(
-                bus, EmbeddingRequest(model=model, input="hi"), timeout_s=1, request_id="r"
-            )
+            await create_embeddings(bus, EmbeddingRequest(model=model, input="hi"))
         assert err.value.status == status
         assert bus.sent == []
 
 
 @pytest.fixture
-async def http(bus: FakeBus) -> AsyncIterator[AsyncTestClient[Any]]:
-    app = Litestar(
-        route_handlers=build_embedding_routes(bus, timeout_s=1.0),
-        exception_handlers={ServiceError: render_service_error},
-    )
+async def http(bus: EmbeddingBus) -> AsyncIterator[AsyncTestClient[Any]]:
+    app = create_app(GatewayConfig(request_timeout_s=1.0), bus=bus)
     async with AsyncTestClient(app) as client:
         yield client
 

@@ -14,8 +14,8 @@ from services.gateway.apis.anthropic import (
     parse_messages,
     to_chat,
 )
-from services.gateway.core.admission import Admission
 from services.gateway.config import GatewayConfig
+from services.gateway.core.admission import Admission
 from services.gateway.http import sse
 from services.gateway.http.app import create_app
 from services.gateway.http.error_dialects import ANTHROPIC, anthropic_status
@@ -462,7 +462,7 @@ async def test_a_full_gateway_refuses_messages_with_529_overloaded_error() -> No
     admission = Admission(1)
     assert admission.try_enter()  # the one slot is taken
     config = GatewayConfig(gateway_id="gw")
-    app = create_app(config, bus=FakeBus(), admission=admission)  # type: ignore[arg-type]
+    app = create_app(config, bus=FakeBus(), admission=admission)
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:

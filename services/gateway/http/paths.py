@@ -1,0 +1,62 @@
+"""The HTTP paths the gateway serves, from its settings (``--chat-path``, …; Dynamo's
+``DYN_HTTP_SVC_*_PATH`` env names work too). Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.gateway.config import GatewayConfig
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Paths:
+    """Every route's path; the defaults are the OpenAI / Anthropic / Dynamo ones."""
+
+    chat: str = "/v1/chat/completions"
+    completions: str = "/v1/completions"
+    embeddings: str = "/v1/embeddings"
+    responses: str = "/v1/responses"
+    messages: str = "/v1/messages"
+    count_tokens: str = "/v1/messages/count_tokens"
+    images: str = "/v1/images/generations"
+    videos: str = "/v1/videos/generations"
+    models: str = "/v1/models"
+    health: str = "/health"
+    live: str = "/live"
+    metrics: str = "/metrics"
+
+    @classmethod
+    def of(cls, config: GatewayConfig) -> Paths:
+        return cls(
+            chat=config.chat_path,
+            completions=config.completions_path,
+            embeddings=config.embeddings_path,
+            responses=config.responses_path,
+            messages=config.messages_path,
+            count_tokens=config.count_tokens_path,
+            images=config.images_path,
+            videos=config.videos_path,
+            models=config.models_path,
+            health=config.health_path,
+            live=config.live_path,
+            metrics=config.metrics_path,
+        )
+
+    @property
+    def asks(self) -> frozenset[str]:
+        """Inference that Litestar serves (request/reply): admitted like the relayed paths."""
+        return frozenset({self.embeddings, self.images, self.videos})
+
+    @property
+    def protected(self) -> frozenset[str]:
+        """Paths that need an API key when keys are set: inference and the model list."""
+        return self.all() - self.probes | {self.models}
+
+    @property
+    def probes(self) -> frozenset[str]:
+        """Paths orchestrators and scrapers poll: their access line is debug, not info."""
+        return frozenset({self.health, self.live, self.metrics, self.models})
+
+    def all(self) -> frozenset[str]:
+        """Every path served (the metrics' ``endpoint`` labels; anything else is ``other``)."""
+        return frozenset(getattr(self, name) for name in self.__slots__)
