@@ -4,6 +4,7 @@ delay during which ``/live`` and ``/health`` answer 503 while requests are still
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -26,16 +27,11 @@ class Up:
         self.proc, self.base, self.run_dir = proc, base, run_dir
 
 
-@pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Up]:
-    run_dir = tmp_path_factory.mktemp("run")
+@contextlib.contextmanager
+def jetserve_up(run_dir: Path, model_dir: Path, *args: str) -> Iterator[Up]:
+    """``jetserve up`` with one mocker and ``args``; SIGTERMed (then killed) at the end."""
     proc = _start_up(
-        {},
-        *("--workers", "1", "--model-path", str(model_dir), "--run-dir", str(run_dir)),
-        *("--mocker-speedup-ratio", "0.05"),  # tokens ~20x slower than real: idle gaps
-        *("--gateway-chat-path", "/chat/completions", "--gateway-models-path", "/models"),
-        *("--gateway-live-path", "/alive", "--gateway-max-body-bytes", "4096"),
-        *("--gateway-sse-keep-alive-s", "0.05", "--gateway-drain-delay-s", "30"),
+        {}, *("--workers", "1", "--model-path", str(model_dir), "--run-dir", str(run_dir)), *args
     )
     try:
         line = _up_line(proc)
@@ -49,6 +45,19 @@ def up(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Up
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Up]:
+    with jetserve_up(
+        tmp_path_factory.mktemp("run"),
+        model_dir,
+        *("--mocker-speedup-ratio", "0.05"),  # tokens ~20x slower than real: idle gaps
+        *("--gateway-chat-path", "/chat/completions", "--gateway-models-path", "/models"),
+        *("--gateway-live-path", "/alive", "--gateway-max-body-bytes", "4096"),
+        *("--gateway-sse-keep-alive-s", "0.05"),
+    ) as started:
+        yield started
 
 
 def test_the_configured_paths_are_served_and_the_defaults_are_not(up: Up) -> None:
@@ -88,17 +97,30 @@ def test_an_idle_stream_carries_keep_alive_comments_the_sdk_ignores(up: Up) -> N
     assert text  # the SDK read through the comments without an error
 
 
-def test_draining_answers_503_on_live_and_health_and_still_serves(up: Up) -> None:
+def test_the_metrics_label_requests_by_the_paths_served(up: Up) -> None:
+    assert httpx.post(f"{up.base}/chat/completions", json=CHAT, timeout=30).status_code == 200
+    text = httpx.get(f"{up.base}/metrics", timeout=10).text
+    assert 'jetserve_http_requests_total{endpoint="/chat/completions",status="200"}' in text
+
+
+def test_draining_answers_503_on_live_and_health_and_still_serves(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    with jetserve_up(tmp_path, model_dir, "--gateway-drain-delay-s", "30") as up:
+        _drain(up)
+
+
+def _drain(up: Up) -> None:
     pid = int((up.run_dir / "gateway.pid").read_text())
     subprocess.run(["kill", "-TERM", str(pid)], check=True)  # the gateway `up` started
 
     def draining() -> bool:
-        return httpx.get(f"{up.base}/alive", timeout=5).status_code == 503
+        return httpx.get(f"{up.base}/live", timeout=5).status_code == 503
 
-    eventually(draining, timeout_s=10, message="/alive never turned 503 after SIGTERM")
-    live = httpx.get(f"{up.base}/alive", timeout=5)
+    eventually(draining, timeout_s=10, message="/live never turned 503 after SIGTERM")
+    live = httpx.get(f"{up.base}/live", timeout=5)
     assert live.json() == {"status": "draining"}
     health = httpx.get(f"{up.base}/health", timeout=5)
     assert (health.status_code, health.json()["status"]) == (503, "shutting_down")
-    served = httpx.post(f"{up.base}/chat/completions", json=CHAT, timeout=30)
+    served = httpx.post(f"{up.base}/v1/chat/completions", json=CHAT, timeout=30)
     assert served.status_code == 200
