@@ -27,7 +27,6 @@ from shared import codec
 from shared.bounce import Unreachable
 from shared.handlers import Boundary
 from shared.messages import (
-    Generate,
     RouteQuery,
     RouteStatus,
     StreamHeld,
@@ -55,8 +54,8 @@ long: workers on the node we lost reconnect a moment after us (as routers do, de
 STREAM_RESUME = codec.decoder(StreamResume)
 WORKER_PONG = codec.decoder(WorkerPong)
 
-Migrate = Callable[[RequestFormatter, str, str], Awaitable[Generate | NotMigrated]]
-"""The service's migration: ``(state, from_worker, reason)``."""
+TryMigrate = Callable[[RequestFormatter, str, str], Awaitable[NotMigrated | None]]
+"""The service's migration ``(state, from_worker, reason)``: why not, when it may not move."""
 Move = Callable[[RequestFormatter, str, str], Awaitable[None]]
 """The service's migration that fails the request when it may not move."""
 
@@ -88,7 +87,7 @@ class Recovery:
         *,
         boundary: Boundary,
         unreachable: Unreachable,
-        migrate: Migrate,
+        migrate: TryMigrate,
         move: Move,
         tasks: TaskSet,
         clock: Callable[[], float] = time.monotonic,
@@ -242,7 +241,7 @@ class Recovery:
             except Exception:  # a task's boundary: log once, the idle timeout remains
                 log.exception("request_crashed", kind="not_on_worker")
                 return
-            if isinstance(outcome, NotMigrated):  # it may just be slow: the idle timeout decides
+            if outcome is not None:  # it may just be slow: the idle timeout decides
                 log.warning("request_not_migrated", worker_id=worker_id, why=outcome.reason)
 
     async def _route_status(self, request_id: str) -> RouteStatus | None:

@@ -1,16 +1,18 @@
 """Formatter wiring on raw nats-py: StreamOpen, token batches → ResponseChunk, cancel. I/O only.
 
 Every subscription goes through the shared handler boundary (``shared.handlers``); what to do
-with each open, event and cancel is decided by ``streams.Streams`` (pure), the formatting by
-``request.py`` / ``detokenizer.py`` / ``shapers/``. ``StreamOpen`` comes either as a
-queue-group request (answered with ``StreamOpened``) or on this instance's direct subject,
-unanswered, in which case its token batches may arrive first (decision 013).
+with each open, event and cancel is decided by ``streams.Streams`` (pure), what an event means
+for its request's attempts (format, drop, migrate, resume, fail) by ``attempts.Attempts``
+(pure), the formatting by ``request.py`` / ``detokenizer.py`` / ``shapers/``. ``StreamOpen``
+comes either as a queue-group request (answered with ``StreamOpened``) or on this instance's
+direct subject, unanswered, in which case its token batches may arrive first (decision 013).
 
-Migration (decision 017, ``migration.py``): when a router says a request's worker is lost
-(``WorkerLost``), the worker gave it up while draining, its batches show a hole, or its worker
-no longer holds it (decision 018), the request is routed again with what it generated so far;
-the client's stream goes on. Chunks are numbered and kept for a replay (``recovery.py``); they
-go out with a bounce subject: a gateway that is away gets ``GATEWAY_GRACE_S`` to come back.
+Migration (decision 017, ``migration.py``, ``attempts.py``): when a router says a request's
+worker is lost (``WorkerLost``), the worker gave it up while draining, its batches show a hole,
+or its worker no longer holds it (decision 018), the request is routed again with what it
+generated so far; the client's stream goes on. Chunks are numbered and kept for a replay
+(``recovery.py``); they go out with a bounce subject: a gateway that is away gets
+``GATEWAY_GRACE_S`` to come back.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -30,8 +33,19 @@ from nats.aio.subscription import Subscription
 from prometheus_client import Counter
 from structlog.contextvars import bound_contextvars
 
+from services.formatter.attempts import (
+    Answer,
+    Attempts,
+    FailLost,
+    Forward,
+    Gap,
+    Migrate,
+    Outcome,
+    Repeated,
+    Resume,
+)
 from services.formatter.config import FormatterConfig
-from services.formatter.migration import RETRYABLE_CODES, NotMigrated, next_attempt
+from services.formatter.migration import NotMigrated
 from services.formatter.recovery import GATEWAY_GRACE_S, STALL_CHECK_S, Recovery
 from services.formatter.request import RequestFormatter
 from services.formatter.streams import Dropped, Held, Ignore, Streams
@@ -50,13 +64,10 @@ from shared.handlers import Boundary
 from shared.messages import (
     Cancel,
     FormatterLeaving,
-    Generate,
     Message,
     Migrated,
-    MigrationKind,
     RequestFailed,
     ResponseChunk,
-    RouteChoice,
     StreamOpen,
     StreamOpened,
     TokenBatch,
@@ -104,6 +115,7 @@ class FormatterService:
         self._tokenizers = tokenizers
         self._clock = clock
         self._streams: Streams[RequestFormatter] = Streams(idle_timeout_s=config.idle_timeout_s)
+        self._attempts = Attempts(partial(subjects.stream, config.formatter_id))
         self.metrics.track_in_flight(lambda: self._streams.in_flight)
         self._tasks = TaskSet()
         self._subs: list[Subscription] = []
@@ -131,7 +143,7 @@ class FormatterService:
             self._streams,
             boundary=boundary,
             unreachable=self._unreachable,
-            migrate=self._migrate,
+            migrate=self._try_migrate,
             move=self._move,
             tasks=self._tasks,
             clock=clock,
@@ -305,60 +317,53 @@ class FormatterService:
         """A router found a worker lost: migrate each of its requests that is ours."""
         for request_id in lost.request_ids:
             state = self._streams.get(request_id)
-            if state is None or lost.worker_id in state.lost_workers:
+            if state is None:
                 continue
-            if state.worker_id not in ("", lost.worker_id):
-                continue  # its batches come from another worker: it is not there any more
             with bound_contextvars(request_id=request_id):
-                await self._move(state, lost.worker_id, f"worker_lost:{lost.reason}")
+                now = self._clock()
+                await self._act(state, self._attempts.on_worker_lost(state, lost, now), now)
 
     # --- migration -----------------------------------------------------------------------------
 
-    async def _move(
-        self,
-        state: RequestFormatter,
-        from_worker: str,
-        reason: str,
-        lost: str = "the worker serving this request was lost",
-    ) -> None:
+    async def _move(self, state: RequestFormatter, from_worker: str, reason: str) -> None:
         """Migrate the request, or fail it with ``worker_lost`` when it may not move."""
-        outcome = await self._migrate(state, from_worker, reason)
-        if isinstance(outcome, NotMigrated):
-            log.warning("request_not_migrated", worker_id=from_worker, why=outcome.reason)
-            await self._fail(state, WorkerLost(f"{lost}; {outcome.reason}"))
+        now = self._clock()
+        await self._act(state, self._attempts.move(state, from_worker, reason, now), now)
 
-    async def _migrate(
+    async def _try_migrate(
         self, state: RequestFormatter, from_worker: str, reason: str
-    ) -> Generate | NotMigrated:
-        """Route the request again from where it stopped; one log line, one bus message."""
+    ) -> NotMigrated | None:
+        """Migrate the request if it may move; otherwise say why, and leave it as it is."""
+        moved = self._attempts.migrate(state, from_worker, reason, self._clock())
+        if isinstance(moved, NotMigrated):
+            return moved
+        await self._migrate(state, moved)
+        return None
+
+    async def _migrate(self, state: RequestFormatter, moved: Migrate) -> None:
+        """Route the request's next attempt; one log line, one bus message."""
         request_id = state.open.request_id
-        stream_to = self._subjects.stream(self._config.formatter_id, request_id)
-        attempt = next_attempt(state.open, state.generated or (), state.migrations, stream_to)
-        if isinstance(attempt, NotMigrated):
-            return attempt
-        kind: MigrationKind = "ongoing" if state.next_index else "new_request"
-        state.migrated(from_worker, self._clock())
+        from_worker = moved.from_worker
         nc, subjects = self._nc, self._subjects
         if from_worker:  # stop that attempt if the worker is only hung; routers free its slot
             stale = Cancel(request_id=request_id, reason="migrated", worker_id=from_worker)
             await nc.publish(subjects.cancel, codec.encode(stale))
         reply = self._unreachable.reply_for(request_id)
-        await nc.publish(subjects.route, codec.encode(attempt), reply=reply)
+        await nc.publish(subjects.route, codec.encode(moved.attempt), reply=reply)
         notice = Migrated(
             request_id=request_id,
-            kind=kind,
+            kind=moved.kind,
             from_worker=from_worker,
-            reason=reason,
-            attempt=state.migrations,
-            generated_tokens=attempt.resumed_tokens,
+            reason=moved.reason,
+            attempt=moved.attempt.attempt,
+            generated_tokens=moved.attempt.resumed_tokens,
             formatter_id=self._config.formatter_id,
         )
         await nc.publish(subjects.migrations, codec.encode(notice))
-        self.migrations.labels(kind).inc()
+        self.migrations.labels(moved.kind).inc()
         fields = msgspec.structs.asdict(notice)  # the log line says what the bus message says
         del fields["request_id"], fields["formatter_id"]  # bound to every line already
         log.info("request_migrated", **fields)
-        return attempt
 
     async def _on_bounce(self, request_id: str, subject: str) -> None:
         """Nobody took a migrated ``Generate`` (no router), or a chunk (the gateway is away:
@@ -403,74 +408,71 @@ class FormatterService:
             log.debug("stream_opened", api=request.api, direct=direct)
 
     async def _deliver(self, state: RequestFormatter, event: WorkerEvent, now: float) -> bool:
-        """Apply one event to its request, send what it gives; False once the request ended."""
-        if isinstance(event, RouteChoice):  # a query-only answer ends every choice
-            for batch in state.answer_query(event):
-                if not await self._deliver(state, batch, now):
-                    return False
-            return True
-        if not isinstance(event, TokenBatch):
-            if event.code in RETRYABLE_CODES and state.open.generate is not None:
-                outcome = await self._migrate(state, state.worker_id, event.code)
-                if not isinstance(outcome, NotMigrated):
-                    return True
-            await self._forward_failure(state, event)
+        """Apply one event to its request (``attempts`` decides how); False once it ended."""
+        decided = self._attempts.on_event(state, event, now)
+        if isinstance(decided, TokenBatch):  # the per-token path
+            return await self._format(state, decided, now)
+        return await self._act(state, decided, now)
+
+    async def _act(
+        self, state: RequestFormatter, decided: TokenBatch | Outcome, now: float
+    ) -> bool:
+        """Do what the attempt rules decided; False once the request ended."""
+        if isinstance(decided, TokenBatch):
+            return await self._format(state, decided, now)
+        if isinstance(decided, Migrate):
+            await self._migrate(state, decided)
+            return self._streams.get(state.open.request_id) is state
+        if isinstance(decided, Gap):
+            log.warning("token_batch_gap", expected=decided.expected, got=decided.got)
+            return await self._act(state, decided.then, now)
+        if isinstance(decided, FailLost):
+            log.warning("request_not_migrated", worker_id=decided.from_worker, why=decided.why)
+            await self._fail(state, WorkerLost(decided.message))
             return False
-        if event.attempt != state.migrations:
-            return True  # a late batch from an attempt we moved away from
-        if event.finish_reason == "cancelled" and state.open.generate is not None:
-            # The worker gave the request up on its own (a drain that ran out of time).
-            return await self._resume_cancelled(state, event, now)
-        position = state.position(event)
-        if position != state.expected_index(event):
-            return await self._out_of_turn(state, event, position)
+        if isinstance(decided, Forward):
+            await self._forward_failure(state, decided.failed)
+            return False
+        if isinstance(decided, Resume):
+            return await self._resume(state, decided, now)
+        if isinstance(decided, Answer):
+            return await self._answer(state, decided, now)
+        if isinstance(decided, Repeated):
+            log.debug("token_batch_repeated", expected=decided.expected, got=decided.got)
+        return True  # stale: about an attempt or a worker the request has left
+
+    async def _resume(self, state: RequestFormatter, resume: Resume, now: float) -> bool:
+        """Deliver the tokens the worker gave the request up with, then move on from them."""
+        if resume.kept is not None and not await self._deliver(state, resume.kept, now):
+            return False
+        return await self._act(state, self._attempts.after_resume(state, resume.batch, now), now)
+
+    async def _answer(self, state: RequestFormatter, answer: Answer, now: float) -> bool:
+        """Deliver a query-only request's answer: the batches that end its choices."""
+        for batch in answer.batches:
+            if not await self._deliver(state, batch, now):
+                return False
+        return True
+
+    async def _format(self, state: RequestFormatter, batch: TokenBatch, now: float) -> bool:
+        """Format the next batch and send what it gives; False once the request ended."""
         try:
-            data = state.on_batch(event, now)
+            data = state.on_batch(batch, now)
         except ServiceError as exc:
             await self._fail(state, exc)
             return False
-        if state.finish_reason is None:
-            if data:
-                chunk = ResponseChunk(
-                    request_id=event.request_id, data=data, seq=state.history.next_seq
-                )
-                encoded = codec.encode(chunk)
-                state.history.add(encoded)  # the bytes sent are the bytes kept: no copy
-                reply = self._unreachable.reply_for(event.request_id)
-                await self._nc.publish(state.open.reply_to, encoded, reply=reply)
-            return True
-        await self._finish(state, data)
-        return False
-
-    async def _out_of_turn(self, state: RequestFormatter, batch: TokenBatch, position: int) -> bool:
-        """A batch that does not start at the next token. Before it: a repeat, dropped. Past it:
-        batches were lost, so the request moves on from the tokens it has (the batch is dropped:
-        the next attempt makes those tokens again), or fails when it may not move."""
-        expected = state.expected_index(batch)
-        if position < expected:
-            log.debug("token_batch_repeated", expected=expected, got=position)
-            return True
-        log.warning("token_batch_gap", expected=expected, got=position)
-        lost = "token batches were lost in transit"
-        await self._move(state, state.worker_id or batch.worker_id, "batch_gap", lost)
-        return self._streams.get(batch.request_id) is state
-
-    async def _resume_cancelled(
-        self, state: RequestFormatter, batch: TokenBatch, now: float
-    ) -> bool:
-        """Keep the batch's tokens, then migrate; a request that may not move ends cancelled."""
-        kept = msgspec.structs.replace(batch, finish_reason=None)
-        attempt = state.migrations
-        if batch.token_ids and not await self._deliver(state, kept, now):
+        if state.finish_reason is not None:
+            await self._finish(state, data)
             return False
-        if state.migrations != attempt:
-            return True  # the batch showed a hole: it moved already
-        if not isinstance(
-            await self._migrate(state, batch.worker_id, "worker_cancelled"), NotMigrated
-        ):
-            return True
-        end = msgspec.structs.replace(batch, token_ids=(), index=batch.index + len(batch.token_ids))
-        return await self._deliver(state, end, now)
+        if data:
+            chunk = ResponseChunk(
+                request_id=batch.request_id, data=data, seq=state.history.next_seq
+            )
+            encoded = codec.encode(chunk)
+            state.history.add(encoded)  # the bytes sent are the bytes kept: no copy
+            reply = self._unreachable.reply_for(batch.request_id)
+            await self._nc.publish(state.open.reply_to, encoded, reply=reply)
+        return True
 
     async def _finish(self, state: RequestFormatter, data: bytes) -> None:
         """Send the last chunk, with the token counts (the gateway's access line, gRPC's
