@@ -16,13 +16,20 @@ Names, derived from the field name and the class's ``SERVICE``:
   way (``common=True``: NATS URL, namespace, log level and format) are ``JETSERVE_<FIELD>``.
 
 Precedence: command line, then env var (an empty one counts as unset), then the default.
+
+``--dump-config-to FILE`` (every service, and ``jetserve up``) writes the resolved values as JSON,
+secrets redacted (:meth:`Settings.dump`): a setting marked ``secret=True`` (or named like one:
+``api_key``, ``*_password``, ``*_token``…) shows ``<redacted>``, and a password or token in a
+URL (``nats://user:pw@host``) too. Paths to key files are not secrets and are shown.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import re
 import types
 import typing
 import warnings
@@ -30,7 +37,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
+from shared.metric_names import DEFAULT_PREFIX, prefix_problem
 from shared.nats_auth import NatsAuth
 from shared.subjects import check_token
 
@@ -45,6 +54,10 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 _KINDS: tuple[type, ...] = (bool, int, float, str, Path)
 _EXPECTED: dict[type, str] = {bool: "true or false", int: "an integer", float: "a number"}
+REDACTED = "<redacted>"
+"""What a dump shows for a secret."""
+_SECRET_NAME = re.compile(r"(^|_)(api_key|password|passwd|secret|token)$")
+"""A text setting named like this is secret even if its declaration forgot to say so."""
 
 
 class SettingError(ValueError):
@@ -82,6 +95,8 @@ class Setting:
     """Deprecated env var names, read (with a warning) when ``env`` is unset."""
     also_env: tuple[str, ...] = ()
     """Other env var names read quietly when ``env`` is unset (``NATS_URL``, a common standard)."""
+    secret: bool = False
+    """Never shown: a dump (``--dump-config-to``) says ``<redacted>`` when it is set."""
 
     # -- parsing --------------------------------------------------------------------------------
 
@@ -236,6 +251,16 @@ class Setting:
         bounds = f"; must be {c}" if (c := self.constraint_text()) else ""
         return f"{self.help} [env {self.env}; default {self.default_text()}{bounds}]"
 
+    def shown(self, value: Any) -> Any:
+        """``value`` as a dump shows it: JSON types, a set secret ``<redacted>``, a URL's
+        password or token redacted."""
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        text = str(value)
+        if self.secret:
+            return REDACTED if text else text
+        return redact_urls(text) if "@" in text else text
+
 
 @dataclass(frozen=True, slots=True)
 class DocRow:
@@ -324,6 +349,50 @@ class Settings:
     def env_vars(self) -> list[str]:
         return [i.env for i in self.items]
 
+    def dump(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` (by setting name, in table order) as JSON-ready data, secrets redacted."""
+        return {i.name: i.shown(values[i.name]) for i in self.items if i.name in values}
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with the password (or the token) of each comma-separated URL redacted:
+    ``nats://u:pw@h`` is ``nats://u:<redacted>@h``, ``nats://tok@h`` is ``nats://<redacted>@h``."""
+    return ",".join(_redact_url(part) for part in text.split(","))
+
+
+def _redact_url(text: str) -> str:
+    try:
+        parts = urlsplit(text.strip())
+    except ValueError:
+        return text
+    if "@" not in parts.netloc:
+        return text
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, has_password, _ = userinfo.partition(":")
+    shown = f"{user}:{REDACTED}" if has_password else REDACTED
+    return urlunsplit(parts._replace(netloc=f"{shown}@{host}"))
+
+
+def write_dump(path: Path, data: Mapping[str, Any]) -> None:
+    """Write ``data`` as indented JSON to ``path`` (its folder made if missing), whole: a reader
+    sees no half-written file (``OSError`` when it cannot be written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    part.replace(path)
+
+
+def add_dump_option(parser: argparse.ArgumentParser) -> None:
+    """``--dump-config-to FILE`` (dest ``dump_config_to``; not a setting: no env var)."""
+    parser.add_argument(
+        "--dump-config-to",
+        type=Path,
+        metavar="FILE",
+        default=None,
+        help="write the resolved settings (flags, env vars, defaults) to FILE as JSON, secrets "
+        "redacted, then go on running",
+    )
+
 
 def setting(
     default: T,
@@ -341,6 +410,7 @@ def setting(
     aliases: Sequence[str] = (),
     also_env: Sequence[str] = (),
     default_doc: str | None = None,
+    secret: bool = False,
 ) -> T:
     """A dataclass field that is a setting; ``default`` is its default (one place)."""
     meta = Setting(
@@ -357,6 +427,7 @@ def setting(
         aliases=tuple(aliases),
         also_env=tuple(also_env),
         default_doc=default_doc,
+        secret=secret,
     )
     result: T = field(default=default, metadata={_META_KEY: meta})
     return result
@@ -408,6 +479,7 @@ def _build_table(cls: type) -> Settings:
                 optional=optional,
                 default=None if has_factory else f.default,
                 has_factory=has_factory,
+                secret=meta.secret or (kind is str and bool(_SECRET_NAME.search(f.name))),
             )
         )
     return Settings(service, tuple(items))
@@ -510,6 +582,12 @@ class CommonConfig:
     )
     nats_tls_key: Path | None = setting(None, "The key (PEM) of --nats-tls-cert", common=True)
     metrics_port: int = setting(0, "Port for Prometheus /metrics (0 = off)", ge=0, le=65535)
+    metrics_prefix: str = setting(
+        DEFAULT_PREFIX,
+        "What every Prometheus metric name of this service starts with instead of jetserve_ "
+        "(with acme_, jetserve_in_flight is served as acme_in_flight); jetserve top takes it too",
+        common=True,
+    )
     shutdown_grace_s: float = setting(
         10.0, "On SIGTERM, how long in-flight work may take before it is cancelled", ge=0
     )
@@ -517,6 +595,8 @@ class CommonConfig:
     def __post_init__(self) -> None:
         settings = type(self).settings()
         check_token(self.namespace, f"--namespace / {settings['namespace'].env}")
+        if problem := prefix_problem(self.metrics_prefix):
+            raise SettingError(f"--metrics-prefix ({settings['metrics_prefix'].env}) {problem}")
         if problems := self.nats_auth().problems():
             raise SettingError("; ".join(problems))
         settings.check(self)
@@ -536,6 +616,12 @@ class CommonConfig:
         """This config's settings table."""
         return settings_of(cls)
 
+    def dump(self) -> dict[str, Any]:
+        """Every setting's value, as ``--dump-config-to`` writes it (secrets redacted)."""
+        settings = type(self).settings()
+        values = {item.name: getattr(self, item.name) for item in settings}
+        return {"service": self.SERVICE, "settings": settings.dump(values)}
+
     @classmethod
     def parser(cls) -> argparse.ArgumentParser:
         """The ``python -m services.<SERVICE>`` parser, generated from :meth:`settings`."""
@@ -545,16 +631,24 @@ class CommonConfig:
             epilog="Each flag falls back to its env var (an empty one is unset), then its default.",
         )
         cls.settings().add_to(parser)
+        add_dump_option(parser)
         return parser
 
     @classmethod
     def from_cli(
         cls, argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
     ) -> Self:
-        """Flags (default ``sys.argv[1:]``), then env vars, then defaults; bad values exit 2."""
+        """Flags (default ``sys.argv[1:]``), then env vars, then defaults; bad values exit 2.
+        With ``--dump-config-to FILE`` the result is written there first (see ``dump``)."""
         parser = cls.parser()
         args = parser.parse_args(argv)
         try:
-            return cls(**cls.settings().values(args, environ))
+            config = cls(**cls.settings().values(args, environ))
         except ValueError as exc:  # SettingError, or a check in __post_init__
             parser.error(str(exc))
+        if args.dump_config_to is not None:
+            try:
+                write_dump(args.dump_config_to, config.dump())
+            except OSError as exc:
+                parser.error(f"--dump-config-to {args.dump_config_to}: {exc.strerror or exc}")
+        return config

@@ -71,7 +71,7 @@ async def serving(
         stack.push_async_callback(_drain, nc)
         service = build(nc)
         built.append(service)
-        serve_metrics(service.service_metrics, config.metrics_port)
+        serve_metrics(service.service_metrics, config.metrics_port, prefix=config.metrics_prefix)
         await service.start()
         stack.push_async_callback(_stop, service, name)
         if settle:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from services.cli import tap
 from services.cli.__main__ import build_parser
+from services.cli.chat import chat_settings
 from services.cli.config import pass_through, up_common_settings, up_settings
 from shared.config import DocRow
 from tools import env_file
@@ -41,11 +42,17 @@ environment. A setting shown "unset" takes an empty value (`--seed ''`) to mean 
 
 Names: `JETSERVE_<SERVICE>_<SETTING>` for a service's own settings (its name is not repeated:
 the router's `--router-mode` is `JETSERVE_ROUTER_MODE`); `JETSERVE_NATS_URL`,
-`JETSERVE_NAMESPACE`, `JETSERVE_LOG_LEVEL`, `JETSERVE_LOG_FORMAT` and `JETSERVE_JS_REPLICAS`
-for the five every service reads the same way. Units are in the name (`_s` = seconds).
-Deprecated names are still read, with a warning, when the new one is unset. `--metrics-port`
-(0 = off) serves Prometheus `/metrics` from the bus services; the gateway always serves
-`/metrics` on its HTTP port.
+`JETSERVE_NAMESPACE`, `JETSERVE_LOG_LEVEL`, `JETSERVE_LOG_FORMAT`, `JETSERVE_JS_REPLICAS`,
+`JETSERVE_METRICS_PREFIX` and the `JETSERVE_NATS_*` credential files for those every service
+reads the same way. Units are in the name (`_s` = seconds). Deprecated names are still read, with
+a warning, when the new one is unset. `--metrics-port` (0 = off) serves Prometheus `/metrics`
+from the bus services; the gateway always serves `/metrics` on its HTTP port. Every metric name
+starts with `--metrics-prefix` (`jetserve_`; the Grafana dashboards expect it).
+
+`--dump-config-to FILE` (every service and `jetserve up`; not a setting, no env var) writes the
+resolved values (command line, environment, defaults) to FILE as JSON, then the process goes on
+running. Secrets are redacted (`<redacted>`): API keys, and a password or token in a URL
+(`nats://user:<redacted>@host`); paths to key and credential files are shown.
 """
 
 
@@ -84,10 +91,14 @@ def _up() -> str:
         "not repeated: `--router-mode` stays `--router-mode`) and reaches every process of `S` "
         "as `--x`; bools keep their `--no-` form (`--no-router-kv-events`). Unset, the service "
         "reads its own env var (`up` passes its environment on), then its default; see each "
-        "service's table above. Not passed through: the four shared settings (`up` sets them), "
+        "service's table above. Not passed through: the shared settings (`up` sets them), "
         "instance ids, and what `up` has its own flags for (the gateway's listen address and "
         "ports, the mocker's model).\n\n" + "\n".join(passed) + "\n"
     )
+
+
+def _chat() -> str:
+    return f"## jetserve chat\n\n`jetserve chat`\n\n{table(chat_settings().doc_rows())}\n"
 
 
 def _tap() -> str:
@@ -118,7 +129,7 @@ def _show(action: argparse.Action) -> str:
 
 def render() -> str:
     """The whole reference as Markdown."""
-    return "\n".join([HEADER, *_services(), _up(), _tap()])
+    return "\n".join([HEADER, *_services(), _up(), _chat(), _tap()])
 
 
 OUTPUTS: dict[Path, Callable[[], str]] = {OUTPUT: render, ENV_OUTPUT: env_file.render}

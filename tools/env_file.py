@@ -23,6 +23,7 @@ COMPOSE_COMMON: dict[str, str] = {
     "log_level": "INFO",
     "log_format": "json",
     "js_replicas": "1",
+    "metrics_prefix": "jetserve_",
 }
 """Settings every service shares, set once for all (``x-common-env``), with compose's values."""
 METRICS_PORT = 8002

@@ -1,6 +1,6 @@
 """``jetserve`` command line: ``up`` runs NATS, every service and mocker workers; ``tap`` prints
 bus messages as JSON lines; ``top`` is a live view of the fleet; ``nats-config`` writes a
-least-privilege deployment's NATS users."""
+least-privilege deployment's NATS users; ``chat`` talks to a model from the terminal."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import argparse
 import signal
 import sys
 import threading
-from pathlib import Path
 
-from services.cli import nats_config, tap
-from services.cli.config import UpConfig, UpPlan, add_up_options, up_plan
+from services.cli import chat, nats_config, tap
+from services.cli.config import UpConfig, UpPlan, add_up_options, up_plan, write_up_dump
 from services.cli.launcher import supervise
 from services.cli.secure import TAP_USER
 from services.cli.stack import UP_LINE, Stack, StackConfig, StackError
@@ -42,43 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     tap.add_parser(sub)
     top.add_parser(sub)
     nats_config.add_parser(sub)
+    chat.add_parser(sub)
     return parser
-
-
-def stack_config(plan: UpPlan, model_path: Path) -> StackConfig:
-    """The stack ``plan`` asks for, serving the model at ``model_path``: every option of
-    ``jetserve up`` but ``--keep-run-dir`` (``_up``'s own) is handed on here."""
-    up = plan.up
-    return StackConfig(
-        http_host=up.http_host,
-        http_port=up.http_port,
-        grpc_port=up.grpc_port,
-        nats_port=up.nats_port,
-        nats_url=up.nats_url or None,
-        namespace=str(plan.common["namespace"]),
-        workers=up.workers,
-        prefill_workers=up.prefill_workers,
-        decode_workers=up.decode_workers,
-        data_parallel_size=up.data_parallel_size,
-        engine=up.engine,
-        mocker_args=up.worker_args,
-        routers=up.routers,
-        formatters=up.formatters,
-        preprocessors=up.preprocessors,
-        tensor_workers=up.tensor_workers,
-        embedders=up.embedders,
-        embedding_model_name=up.embedding_model_name,
-        media_workers=up.media_workers,
-        model_path=str(model_path),
-        model_name=up.model_name,
-        log_level=str(plan.common["log_level"]),
-        log_format=str(plan.common["log_format"]),
-        log_to_terminal=up.log_to_terminal,
-        run_dir=up.run_dir,
-        service_args=plan.service_args,
-        extra_env=plan.nats_env(),
-        secure=up.secure,
-    )
 
 
 def _workers_text(up: UpConfig) -> str:
@@ -96,18 +60,42 @@ def _workers_text(up: UpConfig) -> str:
     return text
 
 
+def banner(up: UpConfig, stack: Stack) -> str:
+    """What ``jetserve up`` prints once the stack is ready: where it serves (the line begins
+    with ``UP_LINE``), what, where its logs are, and how to watch it."""
+    served = f", tensor model echo on {up.tensor_workers} workers" if up.tensor_workers else ""
+    if up.embedders:
+        served += f", embedding model {up.embedding_model_name} on {up.embedders} workers"
+    if up.media_workers:
+        served += f", image and video models on {up.media_workers} media workers"
+    stages = {"preprocessor": up.preprocessors, "router": up.routers, "formatter": up.formatters}
+    replicas = "".join(f", {n} {name}s" for name, n in stages.items() if n > 1)
+    removed = "" if up.keep_run_dir or not stack.owns_run_dir else " (removed on a clean exit)"
+    lines = [
+        f"{UP_LINE}{stack.base_url}/v1 and gRPC (KServe v2) {stack.grpc_address}  "
+        f"(model {up.model_name}, {_workers_text(up)}{served}{replicas}, "
+        f"NATS {stack.nats_url})",
+        f"logs and pids: {stack.run_dir}{removed}    stop: Ctrl-C",
+        f"live view: jetserve top --run-dir {stack.run_dir}",
+    ]
+    if up.secure:
+        lines.append(
+            f"NATS admits only this stack's keys; read-only tap: "
+            f"jetserve tap --nats-url {stack.nats_url} --nats-nkey-seed {stack.seeds[TAP_USER]} '>'"
+        )
+    return "\n".join(lines)
+
+
 def _up(plan: UpPlan) -> int:
     up = plan.up
-    model_path = up.model_path
-    if model_path is None:
-        try:
-            model_path = ensure_default_model_dir(default_model_dir())
-        except FileNotFoundError as exc:
-            print(f"jetserve up: {exc}", file=sys.stderr)
-            return 2
+    try:
+        model_path = up.model_path or ensure_default_model_dir(default_model_dir())
+    except FileNotFoundError as exc:
+        print(f"jetserve up: {exc}", file=sys.stderr)
+        return 2
     if up.run_dir is not None:
         up.run_dir.mkdir(parents=True, exist_ok=True)
-    stack = Stack(stack_config(plan, model_path))
+    stack = Stack(StackConfig.from_up(plan, model_path))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -117,28 +105,7 @@ def _up(plan: UpPlan) -> int:
         stack.stop()
         print(f"jetserve up: {exc}\nlogs kept in {stack.run_dir}", file=sys.stderr)
         return 1
-    tensors = f", tensor model echo on {up.tensor_workers} workers" if up.tensor_workers else ""
-    if up.embedders:
-        tensors += f", embedding model {up.embedding_model_name} on {up.embedders} workers"
-    if up.media_workers:
-        tensors += f", image and video models on {up.media_workers} media workers"
-    stages = {"preprocessor": up.preprocessors, "router": up.routers, "formatter": up.formatters}
-    replicas = "".join(f", {n} {name}s" for name, n in stages.items() if n > 1)
-    print(
-        f"{UP_LINE}{stack.base_url}/v1 and gRPC (KServe v2) {stack.grpc_address}  "
-        f"(model {up.model_name}, {_workers_text(up)}{tensors}{replicas}, "
-        f"NATS {stack.nats_url})"
-    )
-    removed = "" if up.keep_run_dir or not stack.owns_run_dir else " (removed on a clean exit)"
-    print(f"logs and pids: {stack.run_dir}{removed}    stop: Ctrl-C")
-    print(f"live view: jetserve top --run-dir {stack.run_dir}")
-    if up.secure:
-        tap_seed = stack.seeds[TAP_USER]
-        print(
-            f"NATS admits only this stack's keys; read-only tap: "
-            f"jetserve tap --nats-url {stack.nats_url} --nats-nkey-seed {tap_seed} '>'"
-        )
-    sys.stdout.flush()
+    print(banner(up, stack), flush=True)
     code, reason = supervise(stack, stop)
     print(f"stopping ({reason.splitlines()[0]})…", file=sys.stderr)
     if code:
@@ -156,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "up":
         try:
             plan = up_plan(args)
+            write_up_dump(args, plan)
         except ValueError as exc:
             parser.error(str(exc))
         sys.exit(_up(plan))
@@ -165,6 +133,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(top.run(args))
     if args.command == "nats-config":
         sys.exit(nats_config.run(args))
+    if args.command == "chat":
+        sys.exit(chat.run(args))
 
 
 if __name__ == "__main__":

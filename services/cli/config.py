@@ -10,19 +10,33 @@ A service's env vars reach it too: ``up`` passes its environment on to every pro
 
 The launcher reads each service's settings table, so it imports the services' ``config``
 modules (by name, from ``SERVICES``); it never imports service code.
+
+``--dump-config-to FILE`` writes what ``up`` resolved (``up_dump``): its own settings, the shared
+ones it hands every process, and each service's pass-through settings as its processes resolve
+them (flag, else the env var ``up`` passes on, else the default), secrets redacted.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from shared.config import CommonConfig, Setting, Settings, setting, settings_of
+from shared.config import (
+    CommonConfig,
+    Setting,
+    Settings,
+    add_dump_option,
+    setting,
+    settings_of,
+    write_dump,
+)
 from shared.model_dir import DEFAULT_MODEL_NAME
 
 SERVICES = ("gateway", "preprocessor", "router", "formatter", "mocker", "embedder")
@@ -40,7 +54,7 @@ DISAGG_ENGINES = frozenset({"mocker", "vllm"})
 worker moves no KV between workers and runs one rank)."""
 NATS_AUTH = ("nats_creds", "nats_nkey_seed", "nats_tls_ca", "nats_tls_cert", "nats_tls_key")
 """How every process signs in to a NATS server of yours (``--nats-url``)."""
-UP_COMMON = ("namespace", "log_level", "log_format", *NATS_AUTH)
+UP_COMMON = ("namespace", "log_level", "log_format", "metrics_prefix", *NATS_AUTH)
 """Settings shared by every service that ``jetserve up`` takes and hands to each of them."""
 
 
@@ -237,6 +251,7 @@ def add_up_options(parser: argparse.ArgumentParser) -> None:
     """``jetserve up``'s own options, the shared ones, then one group per service."""
     up_settings().add_to(parser)
     up_common_settings().add_to(parser)
+    add_dump_option(parser)
     groups: dict[str, argparse._ArgumentGroup] = {}
     for item in pass_through():
         if item.service not in groups:
@@ -284,3 +299,38 @@ def up_plan(args: argparse.Namespace) -> UpPlan:
             argv = item.setting.to_argv(given[item.dest])
             service_args.setdefault(item.service, []).extend(argv)
     return UpPlan(up=up, common=common, service_args=service_args)
+
+
+def up_dump(
+    args: argparse.Namespace, plan: UpPlan, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """What ``jetserve up --dump-config-to`` writes: ``up``'s settings, the shared ones, and
+    every pass-through setting of each service as its processes resolve it (secrets redacted)."""
+    environ = os.environ if environ is None else environ
+    given = vars(args)
+    services: dict[str, dict[str, Any]] = {}
+    for item in pass_through():
+        value = given.get(item.dest, dataclasses.MISSING)
+        if value is dataclasses.MISSING:
+            is_set, value = item.setting.env_value(environ)
+            value = value if is_set else item.setting.default
+        services.setdefault(item.service, {})[item.setting.name] = item.setting.shown(value)
+    up_values = {item.name: getattr(plan.up, item.name) for item in up_settings()}
+    return {
+        "command": "up",
+        "up": up_settings().dump(up_values),
+        "common": up_common_settings().dump(plan.common),
+        "services": services,
+    }
+
+
+def write_up_dump(args: argparse.Namespace, plan: UpPlan) -> None:
+    """With ``--dump-config-to FILE``: write ``up_dump`` there (``ValueError`` saying why it
+    could not be written)."""
+    path: Path | None = args.dump_config_to
+    if path is None:
+        return
+    try:
+        write_dump(path, up_dump(args, plan))
+    except OSError as exc:
+        raise ValueError(f"--dump-config-to {path}: {exc.strerror or exc}") from exc

@@ -1,6 +1,6 @@
 """``stack.json`` in a ``jetserve up`` run dir: how to reach the stack from outside (its NATS URL,
-namespace, every ``/metrics`` URL, the read-only tap key of a ``--secure`` stack). ``Stack``
-writes it; ``jetserve top --run-dir`` reads it.
+namespace, every ``/metrics`` URL and the prefix of their names, the read-only tap key of a
+``--secure`` stack). ``Stack`` writes it; ``jetserve top --run-dir`` reads it.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
+
+from shared.metric_names import DEFAULT_PREFIX
 
 RECORD_FILE = "stack.json"
 
@@ -22,6 +24,8 @@ class StackRecord(msgspec.Struct, frozen=True, kw_only=True):
     with ``--metrics-port`` (``jetserve up --router-metrics-port 9100 ...``)."""
     tap_seed: str = ""
     """The read-only tap user's NKey seed file (``--secure`` stacks only)."""
+    metrics_prefix: str = DEFAULT_PREFIX
+    """What the stack's metric names start with (``jetserve up --metrics-prefix``)."""
 
 
 def metrics_urls(

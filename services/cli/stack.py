@@ -1,10 +1,11 @@
 """Start and stop a whole local JetServe stack as child processes (used by ``jetserve up`` and e2e).
 
 Each service runs as ``python -m services.<name>`` in its own session, with
-``JETSERVE_NATS_URL``, ``JETSERVE_NAMESPACE``, ``JETSERVE_LOG_LEVEL`` and ``JETSERVE_LOG_FORMAT``
-in its environment; a private ``nats-server -js`` is started unless a URL is given. Only the pids
-started here are ever signalled. The local-process helpers (free ports, the ``nats-server``
-binary and command line) live here once; the integration and e2e tests use them too.
+``JETSERVE_NATS_URL``, ``JETSERVE_NAMESPACE``, ``JETSERVE_LOG_LEVEL``, ``JETSERVE_LOG_FORMAT`` and
+``JETSERVE_METRICS_PREFIX`` in its environment; a private ``nats-server -js`` is started unless a
+URL is given. Only the pids started here are ever signalled. The local-process helpers (free
+ports, the ``nats-server`` binary and command line) live here once; the integration and e2e tests
+use them too.
 """
 
 from __future__ import annotations
@@ -22,15 +23,16 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from services.cli import runrecord
-from services.cli.config import WORKER_ENGINES
+from services.cli.config import WORKER_ENGINES, UpPlan
 from services.cli.ready import ReadyInbox
 from services.cli.secure import TAP_USER, new_user, seed_path, write_users
 from shared.bus_permissions import WORKERS
+from shared.metric_names import DEFAULT_PREFIX
 from shared.subjects import Subjects
 
 STOP_TIMEOUT_S = 15.0
@@ -157,8 +159,14 @@ class Child:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
+FROM_UP_RENAMED = {"worker_args": "mocker_args"}
+"""``UpConfig`` field -> the ``StackConfig`` field it fills, where the names differ."""
+
+
 @dataclass
 class StackConfig:
+    """One local stack: how many processes of each service, and what they share."""
+
     http_host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
@@ -198,6 +206,8 @@ class StackConfig:
     (``service_args`` is the list form)."""
     log_level: str = "INFO"
     log_format: str = "json"
+    metrics_prefix: str = DEFAULT_PREFIX
+    """What every Prometheus metric name of every process starts with (``--metrics-prefix``)."""
     log_to_terminal: bool = False
     run_dir: Path | None = None
     """``None`` = a new temp dir, which ``remove_run_dir`` deletes."""
@@ -207,6 +217,31 @@ class StackConfig:
     secure: bool = False
     """Least privilege on the bus (``services.cli.secure``): the private nats-server admits
     only this stack's processes, each with its own NKey and its role's permissions."""
+
+    @classmethod
+    def from_up(cls, plan: UpPlan, model_path: Path) -> StackConfig:
+        """The stack ``plan`` asks for, serving the model at ``model_path``.
+
+        Matched by name: every ``UpConfig`` field (``FROM_UP_RENAMED``) and every shared setting
+        (namespace, logging) that is a field here is carried over, so a new ``jetserve up``
+        option reaches the stack by being named alike. Set here: the model path (``_up``
+        resolves it), an empty ``--nats-url`` (start one), the pass-through flags and the NATS
+        credentials' env. ``--keep-run-dir`` has no field here: it is ``_up``'s own.
+        """
+        names = {f.name for f in fields(cls)}
+        given: dict[str, Any] = {}
+        for f in fields(plan.up):
+            name = FROM_UP_RENAMED.get(f.name, f.name)
+            if name in names:
+                given[name] = getattr(plan.up, f.name)
+        given |= {name: value for name, value in plan.common.items() if name in names}
+        given |= {
+            "nats_url": plan.up.nats_url or None,
+            "model_path": str(model_path),
+            "service_args": plan.service_args,
+            "extra_env": plan.nats_env(),
+        }
+        return cls(**given)
 
 
 class Stack:
@@ -265,6 +300,7 @@ class Stack:
             namespace=self.config.namespace,
             metrics=runrecord.metrics_urls(plan, self.base_url),
             tap_seed=str(self.seeds[TAP_USER]) if TAP_USER in self.seeds else "",
+            metrics_prefix=self.config.metrics_prefix,
         )
         _write_atomically(self.run_dir / runrecord.RECORD_FILE, runrecord.dumps(record))
 
@@ -403,6 +439,7 @@ class Stack:
             "JETSERVE_NAMESPACE": self.config.namespace,
             "JETSERVE_LOG_LEVEL": self.config.log_level,
             "JETSERVE_LOG_FORMAT": self.config.log_format,
+            "JETSERVE_METRICS_PREFIX": self.config.metrics_prefix,
             **self.config.extra_env,
             **({"JETSERVE_NATS_NKEY_SEED": str(self.seeds[name])} if name in self.seeds else {}),
         }

@@ -3,31 +3,25 @@
 The model card (``kind="tensor"``, with its ``TensorModelSpec``) tells gateways what the model
 takes and gives; the worker card (``kind="echo_tensor"``) says it is live. Requests come on
 ``subjects.tensor_infer(worker_id)`` through the shared handler boundary and are answered on
-their ``reply_to``; the echo itself is ``echo.py``.
+their ``reply_to``; the echo itself is ``echo.py``, the start and stop order
+``shared.worker.simple``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
+from collections.abc import Sequence
 
-import nats.errors
-import structlog
 from nats.aio.client import Client
-from nats.aio.subscription import Subscription
 
 from services.echo_tensor.config import EchoTensorConfig
 from services.echo_tensor.echo import echo
 from services.echo_tensor.spec import flag_spec, output_names
 from shared import codec
-from shared.bus import barrier
-from shared.handlers import Boundary
+from shared.handlers import Callback
 from shared.messages import ModelCard, TensorInfer, TensorModelSpec, WorkerCard
 from shared.metrics import ServiceMetrics
-from shared.registry import WorkerRegistration, publish_model_card
-from shared.subjects import Subjects
-
-log = structlog.get_logger(__name__)
+from shared.worker.simple import Model, SimpleWorker
 
 TENSOR_INFER = codec.decoder(TensorInfer)
 
@@ -42,8 +36,9 @@ def model_spec(config: EchoTensorConfig) -> TensorModelSpec:
     return triton_spec(config.triton_model_config, config.model_name)
 
 
-class EchoTensorService:
-    """One echo worker: its cards in the registry and its tensor-request subscription."""
+class EchoTensorService(SimpleWorker[EchoTensorConfig]):
+    """One echo worker: its cards in the registry and its tensor-request subscription (an echo
+    has nothing in flight: ``stop`` leaves the registry, then unsubscribes)."""
 
     def __init__(
         self,
@@ -53,59 +48,37 @@ class EchoTensorService:
         spec: TensorModelSpec | None = None,
         metrics: ServiceMetrics | None = None,
     ) -> None:
-        self._config = config
-        self._nc = nc
-        self._subjects = Subjects(config.namespace)
-        self.metrics = metrics or ServiceMetrics("echo_tensor")
+        super().__init__(config, nc, metrics=metrics)
         self.worker_id = config.worker_id
         self.spec = spec if spec is not None else model_spec(config)
         self._names = output_names(self.spec)
-        self._on_infer_msg = Boundary(nc, self.metrics).handler(
-            TENSOR_INFER, "tensor_infer", self.on_infer, reply_to=_reply_to
-        )
-        card = WorkerCard(worker_id=self.worker_id, model=config.model_name, kind="echo_tensor")
-        self._registration = WorkerRegistration(
-            nc.jetstream(),
-            self._subjects,
-            card,
-            ttl_s=config.worker_ttl_s,
-            replicas=config.js_replicas,
-        )
-        self._sub: Subscription | None = None
 
-    @property
-    def service_metrics(self) -> ServiceMetrics:
-        return self.metrics
-
-    async def start(self) -> None:
-        """Publish the model card, subscribe, then register (the worker card means "ready")."""
+    async def model_cards(self) -> Sequence[Model]:
         card = ModelCard(
-            model=self._config.model_name,
+            model=self.config.model_name,
             context_length=0,
             created=int(time.time()),
             kind="tensor",
             tensor_spec=self.spec,
         )
-        await publish_model_card(
-            self._nc.jetstream(), self._subjects, card, replicas=self._config.js_replicas
-        )
-        subject = self._subjects.tensor_infer(self.worker_id)
-        self._sub = await self._nc.subscribe(subject, cb=self._on_infer_msg)
-        await barrier(self._nc)  # subscribed on the server before the card says "ready"
-        await self._registration.start()
-        log.info("worker_started", worker_id=self.worker_id, model=self._config.model_name)
+        return [(card, None)]
 
-    async def stop(self) -> None:
-        """Leave the registry, then stop taking requests (an echo has nothing in flight)."""
-        await self._registration.stop()
-        if self._sub is not None:
-            with contextlib.suppress(nats.errors.Error):
-                await self._sub.unsubscribe()
-        log.info("worker_stopped", worker_id=self.worker_id)
+    def worker_cards(self) -> Sequence[WorkerCard]:
+        model = self.config.model_name
+        return [WorkerCard(worker_id=self.worker_id, model=model, kind="echo_tensor")]
+
+    def subscriptions(self) -> Sequence[tuple[str, Callback]]:
+        on_infer = self.boundary.handler(
+            TENSOR_INFER, "tensor_infer", self.on_infer, reply_to=_reply_to
+        )
+        return [(self._subjects.tensor_infer(self.worker_id), on_infer)]
+
+    def log_fields(self) -> dict[str, object]:
+        return {"worker_id": self.worker_id, "model": self.config.model_name}
 
     async def on_infer(self, request: TensorInfer) -> None:
         """Answer one request with its inputs (``ModelNotFound`` for another model)."""
-        result = echo(request, model=self._config.model_name, names=self._names)
+        result = echo(request, model=self.config.model_name, names=self._names)
         await self._nc.publish(request.reply_to, codec.encode(result))
 
 

@@ -5,43 +5,31 @@ preprocessors tokenize its inputs and gateways know it is an embedding model; th
 (``kind="embedder"``) says it is live. Routers send ``EmbedTokens`` to
 ``subjects.embed_worker(worker_id)``; the answer goes to the request's ``reply_to``. A chat or
 completion ``Generate`` routed here is answered with a 400 naming the embeddings API, and the
-routers' liveness probes are answered like any worker's.
+routers' liveness probes are answered like any worker's. The start and stop order is
+``shared.worker.simple``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-import nats.errors
-import structlog
 from nats.aio.client import Client
-from nats.aio.subscription import Subscription
 
 from services.embedder.answer import answer
 from services.embedder.config import EmbedderConfig
 from services.embedder.model import vector_size
 from shared import codec
-from shared.bus import barrier
 from shared.errors import InvalidRequest, ServiceError, UpstreamTimeout
-from shared.handlers import Boundary
-from shared.messages import (
-    EmbedTokens,
-    Generate,
-    ModelCard,
-    RequestPhase,
-    WorkerCard,
-)
+from shared.handlers import Callback
+from shared.messages import EmbedTokens, Generate, ModelCard, RequestPhase, WorkerCard
 from shared.metrics import ServiceMetrics
 from shared.model_dir import context_length, eos_token_ids
 from shared.pings import answer_ping
-from shared.registry import WorkerRegistration, publish_model
-from shared.subjects import Subjects
-
-log = structlog.get_logger(__name__)
+from shared.worker.simple import Model, SimpleWorker
 
 OFFLOAD_TOKENS = 4096
 """Requests with at least this many tokens are embedded on a worker thread (the heartbeat and
@@ -62,37 +50,20 @@ def model_created(model_dir: Path) -> int:
     return int(max(times, default=0.0))
 
 
-class EmbedderService:
+class EmbedderService(SimpleWorker[EmbedderConfig]):
     """One mock embedding worker: its cards in the registry and its request subscriptions."""
 
     def __init__(
         self, config: EmbedderConfig, nc: Client, *, metrics: ServiceMetrics | None = None
     ) -> None:
-        self._config = config
-        self._nc = nc
-        self._subjects = Subjects(config.namespace)
-        self.metrics = metrics or ServiceMetrics("embedder")
+        super().__init__(config, nc, metrics=metrics)
         self.worker_id = config.worker_id
         self.size = config.embedding_size
         """Floats per vector; resolved from the model directory at start when 0."""
-        self._boundary = Boundary(nc, self.metrics)
-        card = WorkerCard(worker_id=self.worker_id, model=config.model_name, kind="embedder")
-        self._registration = WorkerRegistration(
-            nc.jetstream(),
-            self._subjects,
-            card,
-            ttl_s=config.worker_ttl_s,
-            replicas=config.js_replicas,
-        )
-        self._subs: list[Subscription] = []
 
-    @property
-    def service_metrics(self) -> ServiceMetrics:
-        return self.metrics
-
-    async def start(self) -> None:
-        """Publish the model, subscribe, then register (the worker card means "ready")."""
-        config = self._config
+    async def model_cards(self) -> Sequence[Model]:
+        """The model's card and files (the vector size is resolved here too)."""
+        config = self.config
         model_dir = await asyncio.to_thread(config.resolved_model_dir)
         self.size = config.embedding_size or vector_size(model_dir)
         card = ModelCard(
@@ -102,9 +73,14 @@ class EmbedderService:
             created=model_created(model_dir),
             kind="embedding",
         )
-        js = self._nc.jetstream()
-        await publish_model(js, self._subjects, card, model_dir, replicas=config.js_replicas)
-        on = self._boundary.handler
+        return [(card, model_dir)]
+
+    def worker_cards(self) -> Sequence[WorkerCard]:
+        model = self.config.model_name
+        return [WorkerCard(worker_id=self.worker_id, model=model, kind="embedder")]
+
+    def subscriptions(self) -> Sequence[tuple[str, Callback]]:
+        on = self.boundary.handler
         on_embed = on(codec.decoder(EmbedTokens), "embed", self.on_embed, reply_to=_reply_to)
         on_generate = on(
             codec.decoder(Generate),
@@ -114,26 +90,14 @@ class EmbedderService:
             after_failure=self._finished,
         )
         subjects = self._subjects
-        for subject, callback in (
+        return [
             (subjects.embed_worker(self.worker_id), on_embed),
             (subjects.generate(self.worker_id), on_generate),
             (subjects.worker_ping(self.worker_id), answer_ping),
-        ):
-            self._subs.append(await self._nc.subscribe(subject, cb=callback))
-        await barrier(self._nc)  # subscribed on the server before the card says "ready"
-        await self._registration.start()
-        log.info(
-            "worker_started", worker_id=self.worker_id, model=config.model_name, size=self.size
-        )
+        ]
 
-    async def stop(self) -> None:
-        """Leave the registry, then stop taking requests (each is answered as it comes)."""
-        await self._registration.stop()
-        for sub in self._subs:
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
-        self._subs.clear()
-        log.info("worker_stopped", worker_id=self.worker_id)
+    def log_fields(self) -> dict[str, object]:
+        return {"worker_id": self.worker_id, "model": self.config.model_name, "size": self.size}
 
     async def on_embed(self, request: EmbedTokens) -> None:
         """Answer one request with its vectors (large ones computed off the event loop)."""
@@ -142,7 +106,7 @@ class EmbedderService:
         compute = functools.partial(
             answer,
             request,
-            model=self._config.model_name,
+            model=self.config.model_name,
             size=self.size,
             worker_id=self.worker_id,
         )

@@ -3,11 +3,14 @@ log-probabilities. Pure: no I/O, no clock.
 
 Text never leaks a stop string, nor a tail that may still grow into one: the longest suffix that
 is a prefix of any stop string is held back until it either completes (stop) or cannot anymore.
+Nor does it carry control characters (``visible_text``): they are dropped as each piece is
+decoded, before stop strings are looked for, so every output format gets the same text.
 ``TokenTexts`` turns ``TokenBatch.logprobs`` (ids) into ``TokenLogprobs`` (text and UTF-8 bytes).
 """
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +20,19 @@ from tokenizers.decoders import DecodeStream
 
 from services.formatter.pieces import TokenLogprobs, TopLogprob
 from shared.messages import TokenLogprob
+
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+"""Unicode's control characters (category Cc: C0, DEL, C1) but tab, line feed and carriage
+return."""
+
+
+def visible_text(text: str) -> str:
+    """``text`` without control characters (tab, line feed and carriage return kept): a model's
+    stray NUL, backspace or ESC (a terminal escape sequence) never reaches a client (Dynamo's
+    post-processing filters control characters too)."""
+    if text.isprintable():  # almost every piece: no control character, and no cost
+        return text
+    return _CONTROL.sub("", text)
 
 
 def load_tokenizer(tokenizer_json: bytes) -> Any:
@@ -98,8 +114,10 @@ class Detokenizer:
 
     def _decode(self, ids: Sequence[int]) -> str:
         if len(ids) == 1:  # an int is ~0.5 µs cheaper to pass than a one-element sequence
-            return self._stream.step(self._tokenizer, ids[0]) or ""
-        return (self._stream.step(self._tokenizer, ids) or "") if ids else ""
+            text = self._stream.step(self._tokenizer, ids[0]) or ""
+        else:
+            text = (self._stream.step(self._tokenizer, ids) or "") if ids else ""
+        return text if text.isprintable() else visible_text(text)  # the call only when needed
 
     def _push_checking_stops(self, ids: Sequence[int]) -> str:
         # One id at a time, so that a stop string ends generation at the id that completed it.
@@ -107,7 +125,7 @@ class Detokenizer:
         step = self._stream.step
         for token_id in ids:
             self.completion_tokens += 1
-            piece = step(self._tokenizer, token_id)
+            piece = visible_text(step(self._tokenizer, token_id) or "")
             if piece:
                 out.append(self._check(piece))
                 if self.stopped:

@@ -68,11 +68,11 @@ def build_server(config: GatewayConfig) -> uvicorn.Server:
     """A uvicorn server for the gateway app; ``run()`` it to serve until SIGTERM/SIGINT."""
     tls = tls_options(config)  # first: a bad certificate fails before anything starts
     readiness = Readiness()
-    metrics = GatewayMetrics(routes=Paths.of(config).all())
+    metrics = GatewayMetrics(routes=Paths.of(config).all(), prefix=config.metrics_prefix)
     bus = NatsBus(config, metrics=metrics.base)
     app = create_app(config, bus=bus, readiness=readiness, metrics=metrics, serve_grpc=True)
     # /metrics is served on the HTTP port; --metrics-port adds a separate listener if set.
-    serve_metrics(metrics.base, config.metrics_port)
+    serve_metrics(metrics.base, config.metrics_port, prefix=config.metrics_prefix)
     # uvloop and asyncio both set TCP_NODELAY on accepted sockets (checked), so a kept-alive
     # client never waits on a delayed ACK.
     server_config = uvicorn.Config(

@@ -6,40 +6,28 @@ Each served model (an image model, a video model) gets a card without files (``k
 ``MediaGenerate`` straight to ``subjects.media_generate(worker_id)`` (no preprocessor, router
 or formatter: nothing is tokenized) and get ``MediaResult`` back on ``reply_to``; every failure
 is a typed ``RequestFailed`` there (the shared handler boundary). The pictures are made on a
-worker thread, so heartbeats and the routers' liveness probes are answered meanwhile.
+worker thread, so heartbeats and the routers' liveness probes are answered meanwhile. The start
+and stop order is ``shared.worker.simple``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
+from collections.abc import Sequence
 
-import nats.errors
-import structlog
 from nats.aio.client import Client
-from nats.aio.subscription import Subscription
 
 from services.media.config import MediaConfig
 from services.media.make import make
 from shared import codec
-from shared.bus import barrier
 from shared.errors import InvalidRequest, UpstreamTimeout
-from shared.handlers import Boundary
-from shared.messages import (
-    MediaGenerate,
-    MediaKind,
-    ModelCard,
-    WorkerCard,
-    media_worker_id,
-)
+from shared.handlers import Callback
+from shared.messages import MediaGenerate, MediaKind, ModelCard, WorkerCard, media_worker_id
 from shared.metrics import ServiceMetrics
 from shared.pings import answer_ping
-from shared.registry import WorkerRegistration, publish_model_card
-from shared.subjects import Subjects
-
-log = structlog.get_logger(__name__)
+from shared.worker.simple import Model, SimpleWorker
 
 PAYLOAD_MARGIN = 16 * 1024
 """Room for the message's other fields under NATS' payload limit."""
@@ -49,16 +37,13 @@ def _reply_to(request: MediaGenerate) -> str:
     return request.reply_to
 
 
-class MediaService:
+class MediaService(SimpleWorker[MediaConfig]):
     """One mock media worker: its cards in the registry and its request subscriptions."""
 
     def __init__(
         self, config: MediaConfig, nc: Client, *, metrics: ServiceMetrics | None = None
     ) -> None:
-        self._config = config
-        self._nc = nc
-        self._subjects = Subjects(config.namespace)
-        self.metrics = metrics or ServiceMetrics("media")
+        super().__init__(config, nc, metrics=metrics)
         self.models: dict[str, MediaKind] = {}
         """Served model -> its kind."""
         self.worker_ids: dict[str, str] = {}
@@ -69,51 +54,37 @@ class MediaService:
         if config.video_model:
             self.models[config.video_model] = "video"
             self.worker_ids[config.video_model] = media_worker_id(config.worker_id, "video")
-        self._registrations = [
-            WorkerRegistration(
-                nc.jetstream(),
-                self._subjects,
-                WorkerCard(worker_id=worker_id, model=model, kind="media"),
-                ttl_s=config.worker_ttl_s,
-                replicas=config.js_replicas,
-            )
+
+    async def model_cards(self) -> Sequence[Model]:
+        """A card without files per served model."""
+        created = int(time.time())
+        return [
+            (ModelCard(model=model, context_length=0, created=created, kind=kind), None)
+            for model, kind in self.models.items()
+        ]
+
+    def worker_cards(self) -> Sequence[WorkerCard]:
+        return [
+            WorkerCard(worker_id=worker_id, model=model, kind="media")
             for model, worker_id in self.worker_ids.items()
         ]
-        self._on_generate_msg = Boundary(nc, self.metrics).handler(
+
+    def subscriptions(self) -> Sequence[tuple[str, Callback]]:
+        on_generate = self.boundary.handler(
             codec.decoder(MediaGenerate), "media_generate", self.on_generate, reply_to=_reply_to
         )
-        self._subs: list[Subscription] = []
-
-    @property
-    def service_metrics(self) -> ServiceMetrics:
-        return self.metrics
-
-    async def start(self) -> None:
-        """Publish the model cards, subscribe, then register (a worker card means "ready")."""
-        js = self._nc.jetstream()
-        for model, kind in self.models.items():
-            card = ModelCard(model=model, context_length=0, created=int(time.time()), kind=kind)
-            await publish_model_card(js, self._subjects, card, replicas=self._config.js_replicas)
-        for worker_id in self.worker_ids.values():
+        subjects = self._subjects
+        return [
+            (subject, callback)
+            for worker_id in self.worker_ids.values()
             for subject, callback in (
-                (self._subjects.media_generate(worker_id), self._on_generate_msg),
-                (self._subjects.worker_ping(worker_id), answer_ping),
-            ):
-                self._subs.append(await self._nc.subscribe(subject, cb=callback))
-        await barrier(self._nc)  # subscribed on the server before the cards say "ready"
-        for registration in self._registrations:
-            await registration.start()
-        log.info("worker_started", workers=self.worker_ids)
+                (subjects.media_generate(worker_id), on_generate),
+                (subjects.worker_ping(worker_id), answer_ping),
+            )
+        ]
 
-    async def stop(self) -> None:
-        """Leave the registry, then stop taking requests."""
-        for registration in self._registrations:
-            await registration.stop()
-        for sub in self._subs:
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
-        self._subs.clear()
-        log.info("worker_stopped", workers=self.worker_ids)
+    def log_fields(self) -> dict[str, object]:
+        return {"workers": self.worker_ids}
 
     async def on_generate(self, request: MediaGenerate) -> None:
         """Answer one request with its files (made on a worker thread)."""

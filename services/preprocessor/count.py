@@ -70,7 +70,9 @@ class Counter:
             tokens = await self.count(ask.request)
             data = codec.encode(TokenCount(request_id=request_id, input_tokens=tokens))
         except codec.DecodeError as exc:
-            log.warning("message_undecodable", subject=msg.subject, error=str(exc))
+            log.warning(
+                "message_undecodable", subject=msg.subject, kind="count_tokens", error=str(exc)
+            )
             data = codec.encode(InvalidRequest(str(exc)).to_message(request_id))
         except ServiceError as exc:
             log.info("count_failed", request_id=request_id, code=exc.code)

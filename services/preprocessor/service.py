@@ -192,7 +192,9 @@ class Preprocessor:
             resume = codec.decode(msg.data, StreamResume)
         except codec.DecodeError as exc:
             self.metrics.error("message_undecodable")
-            log.warning("message_undecodable", subject=msg.subject, error=str(exc))
+            log.warning(
+                "message_undecodable", subject=msg.subject, kind="stream_resume", error=str(exc)
+            )
             return
         if resume.request_id not in self._preparing or not msg.reply:
             return

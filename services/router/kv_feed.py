@@ -160,7 +160,14 @@ class KvFeed:
         try:
             batch = codec.decode(msg.data, KvEventBatch)
         except codec.DecodeError as exc:
-            log.warning("bad_kv_event_batch", subject=msg.subject, seq=seq, error=str(exc))
+            self._metrics.base.error("message_undecodable")
+            log.warning(
+                "message_undecodable",
+                subject=msg.subject,
+                kind="kv_event_batch",
+                seq=seq,
+                error=str(exc),
+            )
             self.sync.stream_seq = max(self.sync.stream_seq, seq)
             return
         outcome = self.sync.on_batch(batch, seq)

@@ -126,7 +126,9 @@ class VllmWorkerConfig(WorkerConfig):
     engine_startup_timeout_s: float = setting(
         600.0, "Remote mode: wait this long for a `vllm serve` that is still loading", ge=0
     )
-    engine_api_key: str = setting("", "Remote mode: bearer token for `vllm serve --api-key`")
+    engine_api_key: str = setting(
+        "", "Remote mode: bearer token for `vllm serve --api-key`", secret=True
+    )
     kv_transfer_config: str = setting(
         "",
         "In-process mode: vLLM's --kv-transfer-config, a JSON object (e.g. "

@@ -157,7 +157,7 @@ class KvEventSubscriber:
         try:
             batch = decode_batch(payload)
         except WireError as exc:
-            log.warning("kv_event_batch_undecodable", seq=seq, error=str(exc))
+            log.warning("message_undecodable", kind="vllm_kv_event_batch", seq=seq, error=str(exc))
             self._emit(self.relay.lost(seq + 1))
             return
         self.batches += 1

@@ -160,7 +160,13 @@ class WorkerPublisher:
             try:
                 request = codec.decode(msg.data, KvDumpRequest)
             except codec.DecodeError as exc:
-                log.warning("bad_message", subject=msg.subject, error=str(exc))
+                self._metrics.service.error("message_undecodable")
+                log.warning(
+                    "message_undecodable",
+                    subject=msg.subject,
+                    kind="kv_dump_request",
+                    error=str(exc),
+                )
                 return
             log.info("kv_dump_requested", worker_id=self.worker_id, router_id=request.router_id)
         event_id = self.events.seal(time.time())

@@ -34,12 +34,11 @@ import nats.errors
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from structlog.contextvars import bound_contextvars
 
 from shared import codec
 from shared.bounce import Unreachable
-from shared.bus import barrier, drain_subscription
+from shared.bus import drain_subscription
 from shared.errors import (
     ContextLengthExceeded,
     FormatterLost,
@@ -63,7 +62,6 @@ from shared.messages import (
 )
 from shared.pings import answer_ping
 from shared.recent import RecentIds
-from shared.registry import WorkerRegistration
 from shared.subjects import Subjects
 from shared.tasks import TaskSet
 from shared.worker.config import WorkerConfig
@@ -72,6 +70,7 @@ from shared.worker.grace import FORMATTER_GRACE_S, FormatterGrace, Grace
 from shared.worker.handoff import PREFILL_CANCELLED, Handoffs, RequestCancelled
 from shared.worker.metrics import WorkerMetrics
 from shared.worker.outbox import Outbox
+from shared.worker.presence import WorkerPresence
 from shared.worker.publisher import WorkerPublisher
 from shared.worker.records import Emission, EngineError, EngineInput
 
@@ -129,8 +128,11 @@ class WorkerRuntime:
         """One timer task per request in ``_grace``."""
         self._early_cancels = RecentIds(ttl_s=60.0)
         """Cancels for requests not (yet) here: a Generate that arrives after its cancel."""
-        self._registration: WorkerRegistration | None = None
-        self._subs: list[Subscription] = []
+        self._presence = WorkerPresence(
+            nc, subjects, ttl_s=config.worker_ttl_s, replicas=config.js_replicas
+        )
+        """The card (once prepared) and the subscriptions; ``subs[0]`` is ``generate``."""
+        self._prepared = False
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -139,7 +141,7 @@ class WorkerRuntime:
 
     async def prepare(self) -> None:
         """Start the engine (load weights, connect) and build the card from its facts."""
-        if self._registration is not None:
+        if self._prepared:
             return
         facts = await self.engine.start()
         self.context_length = self._config.context_length or facts.context_length
@@ -158,19 +160,13 @@ class WorkerRuntime:
             role=role,
             dp_size=self._config.data_parallel_size,
         )
-        self._registration = WorkerRegistration(
-            self._nc.jetstream(),
-            self._subjects,
-            card,
-            ttl_s=self._config.worker_ttl_s,
-            replicas=self._config.js_replicas,
-        )
+        self._presence.add_card(card)
+        self._prepared = True
 
     async def start(self) -> None:
         """Prepare, reset the cache, subscribe, start the loop, then register (the card means
         "ready")."""
         await self.prepare()
-        assert self._registration is not None
         self.engine.on_kv_events(self.publisher.collect_kv_events)
         self.engine.reset_cache()  # event 1 = AllBlocksCleared: routers drop a past life's blocks
         await self.publisher.start()
@@ -189,26 +185,23 @@ class WorkerRuntime:
         await self._unreachable.start()
         # Tasks copy the context they start in: the subscriptions' (nats-py starts one per
         # subscription) and the engine loop's log lines carry the worker id.
+        subscribe = self._presence.subscribe
         with bound_contextvars(worker_id=self.worker_id):
-            generate = self._subjects.generate(self.worker_id)
-            self._subs.append(await self._nc.subscribe(generate, cb=on_generate))
-            self._subs.append(await self._nc.subscribe(self._subjects.cancel, cb=on_cancel))
-            ping = self._subjects.worker_ping(self.worker_id)
-            self._subs.append(await self._nc.subscribe(ping, cb=self._on_ping))
-            release = self._subjects.kv_release(self.worker_id)
-            self._subs.append(await self._nc.subscribe(release, cb=on_release))
+            await subscribe(self._subjects.generate(self.worker_id), on_generate)
+            await subscribe(self._subjects.cancel, on_cancel)
+            await subscribe(self._subjects.worker_ping(self.worker_id), self._on_ping)
+            await subscribe(self._subjects.kv_release(self.worker_id), on_release)
             self._loop_task = asyncio.create_task(self._loop(), name=f"engine-{self.worker_id}")
-        await barrier(self._nc)  # subscribed on the server before the card says "ready"
-        await self._registration.start()
+        await self._presence.announce()  # subscribed on the server before the card says "ready"
         log.info("worker_started", worker_id=self.worker_id, model=self._config.model_name)
 
     async def stop(self, grace_s: float) -> None:
         """Leave the registry, stop taking work, finish in-flight work (bounded), then stop."""
         self._accepting = False
-        if self._registration is not None:
-            await self._registration.stop()
-        if self._subs:  # drain: a Generate already delivered is answered (shutting_down)
-            await drain_subscription(self._subs[0])
+        await self._presence.withdraw()
+        subs = self._presence.subs
+        if subs:  # drain: a Generate already delivered is answered (shutting_down)
+            await drain_subscription(subs[0])
         try:
             await asyncio.wait_for(self._idle.wait(), timeout=grace_s)
         except TimeoutError:
@@ -228,7 +221,7 @@ class WorkerRuntime:
         await self._flush(self._outbox.dirty())
         await self._grace_tasks.close()
         self._grace.clear()
-        for sub in self._subs[1:]:
+        for sub in subs[1:]:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         await self._unreachable.stop()

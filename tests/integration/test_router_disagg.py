@@ -28,6 +28,7 @@ from tests.integration.test_router_mocker import (
     running_mocker,
     running_router,
 )
+from tests.support import eventually_async
 
 PROMPT = tuple(range(300, 300 + 16 * 12))  # 12 full blocks
 HANG_S = 30.0
@@ -110,7 +111,7 @@ async def _vanish(mocker: Mocker) -> None:
     """Unsubscribe the mocker's workers from the bus without deregistering (a process whose
     card outlives it)."""
     for worker in mocker.workers:
-        for sub in worker._subs:
+        for sub in worker._presence.subs:
             await sub.unsubscribe()
     await asyncio.sleep(0.1)
 
@@ -164,17 +165,17 @@ async def test_a_client_gone_during_the_prefill_cancels_both_phases(
         engine = pw.workers[0].engine
         load = router.core.load
         await _send(nc, subjects, stream)
-        for _ in range(300):  # the prefill phase is on the prefill worker, its blocks pinned
-            if load.prefill_worker_of(stream.request_id) and engine.load().kv_used_blocks:
-                break
-            await asyncio.sleep(0.01)
+        await eventually_async(  # the prefill phase is on the prefill worker, its blocks pinned
+            lambda: load.prefill_worker_of(stream.request_id) and engine.load().kv_used_blocks,
+            message="the prefill phase never ran on the prefill worker",
+        )
         assert load.prefill_worker_of(stream.request_id) == "pw"
         cancel = Cancel(request_id=stream.request_id)
         await nc.publish(subjects.cancel, codec.encode(cancel))
-        for _ in range(300):
-            if engine.load().kv_used_blocks == 0 and stream.request_id not in load:
-                break
-            await asyncio.sleep(0.01)
+        await eventually_async(
+            lambda: engine.load().kv_used_blocks == 0 and stream.request_id not in load,
+            message="the cancelled prefill still holds blocks or load",
+        )
         await asyncio.sleep(1.5)  # past the prefill's step: a decode phase would be sent now
         assert engine.load().kv_used_blocks == 0
         assert stream.request_id not in load

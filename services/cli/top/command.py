@@ -2,7 +2,8 @@
 
 Where to look comes from ``--nats-url`` / ``--namespace`` / ``--metrics`` (and the NATS
 credential flags every command has), or from a ``jetserve up`` run dir (``--run-dir``: its
-``stack.json``), whose values flags given on the command line override.
+``stack.json``), whose values flags given on the command line override. ``--metrics-prefix``
+(the services' own flag) says what the scraped metric names start with.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from pathlib import Path
 
 from services.cli import runrecord
 from services.cli.tap import auth_from, connection_settings
-from shared.config import DEFAULT_NATS_URL
+from shared.config import DEFAULT_NATS_URL, CommonConfig, Settings
 from shared.logging import configure_logging
+from shared.metric_names import DEFAULT_PREFIX, prefix_problem
 from shared.nats_auth import NatsAuth
 from shared.subjects import check_token
 
@@ -27,6 +29,7 @@ class TopOptions:
     namespace: str = "jetserve"
     auth: NatsAuth = field(default_factory=NatsAuth)
     metrics: tuple[str, ...] = ()
+    metrics_prefix: str = DEFAULT_PREFIX
     window_s: float = 2.0
     interval_s: float = 1.0
     is_once: bool = False
@@ -44,6 +47,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         ),
     )
     connection_settings().add_to(p)
+    prefix_setting().add_to(p)
     p.add_argument(
         "--metrics",
         action="append",
@@ -65,14 +69,22 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
 
 
+def prefix_setting() -> Settings:
+    """``--metrics-prefix``, read as every service reads it (``JETSERVE_METRICS_PREFIX``)."""
+    return CommonConfig.settings().select("metrics_prefix")
+
+
 def options_from(args: argparse.Namespace) -> TopOptions:
     """Validate the parsed flags; raises ValueError with a message for the user."""
     settings = connection_settings()
     connection = settings.resolved(args)
+    prefix = str(prefix_setting().resolved(args)["metrics_prefix"])
     metrics = [_metrics_url(u) for u in args.metrics]
     if args.run_dir is not None:
         record = runrecord.read(args.run_dir)
         given = settings.from_args(args)
+        if not prefix_setting().from_args(args):
+            prefix = record.metrics_prefix
         from_record = {"nats_url": record.nats_url, "namespace": record.namespace}
         if record.tap_seed and "nats_creds" not in given:
             from_record["nats_nkey_seed"] = record.tap_seed
@@ -81,11 +93,14 @@ def options_from(args: argparse.Namespace) -> TopOptions:
         metrics += [u for u in record.metrics.values() if u not in metrics]
     if args.window <= 0 or args.interval <= 0:
         raise ValueError("--window and --interval must be > 0")
+    if problem := prefix_problem(prefix):
+        raise ValueError(f"--metrics-prefix {problem}")
     return TopOptions(
         nats_url=str(connection["nats_url"]),
         namespace=check_token(str(connection["namespace"]), "--namespace"),
         auth=auth_from(connection),
         metrics=tuple(metrics),
+        metrics_prefix=prefix,
         window_s=args.window,
         interval_s=args.interval,
         is_once=args.once,

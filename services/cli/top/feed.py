@@ -28,6 +28,7 @@ from services.cli.top.frame import Frame, build_frame
 from services.cli.top.stats import Scrape, parse
 from shared import codec
 from shared.messages import KvEventBatch, RequestPhase, RouteDecision, TokenBatch, WorkerLoad
+from shared.metric_names import DEFAULT_PREFIX
 from shared.registry import WorkerDirectory
 from shared.subjects import Subjects
 
@@ -47,9 +48,11 @@ class Feed:
         subjects: Subjects,
         metrics_urls: Sequence[str],
         *,
+        metrics_prefix: str = DEFAULT_PREFIX,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._nc = nc
+        self._metrics_prefix = metrics_prefix
         self._subjects = subjects
         self._clock = clock
         self.events = BusEvents()
@@ -124,7 +127,7 @@ class Feed:
         at = self._clock()
         try:
             text = await asyncio.to_thread(_fetch, url)
-            scrape = Scrape(url, at, parse(text))
+            scrape = Scrape(url, at, parse(text, self._metrics_prefix))
         except (OSError, ValueError, urllib.error.URLError) as exc:
             scrape = Scrape(url, at, error=str(getattr(exc, "reason", exc)))
         self.scrapes[url].append(scrape)

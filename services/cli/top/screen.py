@@ -35,7 +35,9 @@ async def top(options: TopOptions) -> int:
     except (nats.errors.Error, OSError, TimeoutError) as exc:
         print(f"jetserve top: cannot connect to {options.nats_url}: {exc}", file=sys.stderr)
         return 1
-    feed = Feed(nc, Subjects(options.namespace), options.metrics)
+    feed = Feed(
+        nc, Subjects(options.namespace), options.metrics, metrics_prefix=options.metrics_prefix
+    )
     try:
         await feed.start()
         await feed.scrape()

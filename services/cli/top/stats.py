@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from shared.metric_names import DEFAULT_PREFIX, canonical
+
 Labels = tuple[tuple[str, str], ...]
 """A sample's labels, sorted by name (hashable)."""
 
@@ -58,15 +60,17 @@ class Samples:
         return out
 
 
-def parse(text: str) -> Samples:
-    """Parse Prometheus text exposition (``ValueError`` when it is not)."""
+def parse(text: str, prefix: str = DEFAULT_PREFIX) -> Samples:
+    """Parse Prometheus text exposition (``ValueError`` when it is not); names that start with
+    ``prefix`` (``--metrics-prefix``) are given back as the code writes them (``jetserve_*``)."""
     values: dict[tuple[str, Labels], float] = {}
     families: set[str] = set()
     try:
         for family in text_string_to_metric_families(text):
-            families.add(family.name)
+            families.add(canonical(family.name, prefix))
             for sample in family.samples:
-                values[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
+                key = (canonical(sample.name, prefix), tuple(sorted(sample.labels.items())))
+                values[key] = float(sample.value)
     except (ValueError, IndexError, KeyError) as exc:  # the parser's errors are not one type
         raise ValueError(f"not Prometheus text: {exc}") from exc
     return Samples(values, frozenset(families))

@@ -557,7 +557,7 @@ class NatsBus:
         try:
             event: GatewayEvent = codec.GATEWAY_EVENTS.decode(msg.data)
         except codec.DecodeError as exc:
-            log.warning("reply_undecodable", subject=msg.subject, error=str(exc))
+            log.warning("message_undecodable", subject=msg.subject, kind="reply", error=str(exc))
             _end(inbox, InternalError("An upstream service sent an undecodable reply."))
             return
         if isinstance(event, ResponseChunk):

@@ -17,7 +17,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from services.gateway.core.admission import Admission
-from shared.metrics import ServiceMetrics
+from shared.metrics import DEFAULT_PREFIX, ServiceMetrics
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 ROUTES = frozenset(
@@ -55,10 +55,17 @@ class GatewayMetrics:
     """Requests by endpoint and status, latency, TTFT, ITL; plus ``base`` (``ServiceMetrics``)."""
 
     def __init__(
-        self, base: ServiceMetrics | None = None, *, routes: frozenset[str] = ROUTES
+        self,
+        base: ServiceMetrics | None = None,
+        *,
+        routes: frozenset[str] = ROUTES,
+        prefix: str = DEFAULT_PREFIX,
     ) -> None:
         self.base = base or ServiceMetrics("gateway")
         self._routes = routes
+        self.prefix = prefix
+        """What every exposed name starts with (``--metrics-prefix``; the instruments keep
+        their ``jetserve_`` names in the code)."""
         registry = self.base.registry
         self.requests = Counter(
             "jetserve_http_requests_total",
@@ -184,7 +191,7 @@ class GatewayMetrics:
             itl.observe(max(0.0, latency_s - ttft_s) / (completion_tokens - 1))
 
     def exposition(self) -> bytes:
-        return self.base.exposition()
+        return self.base.exposition(self.prefix)
 
 
 class _AdmissionCollector(Collector):

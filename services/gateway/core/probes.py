@@ -176,5 +176,7 @@ class Prober:
         try:
             return codec.decode(msg.data, StreamHeld)
         except codec.DecodeError as exc:
-            log.warning("stream_held_undecodable", request_id=request_id, error=str(exc))
+            log.warning(
+                "message_undecodable", kind="stream_held", request_id=request_id, error=str(exc)
+            )
             raise _CannotTell from exc

@@ -71,3 +71,24 @@ def test_the_record_lists_the_gateway_and_every_process_given_a_metrics_port(
         "router-0": "http://127.0.0.1:9100/metrics",
         "router-1": "http://127.0.0.1:9101/metrics",
     }
+
+
+def test_the_metrics_prefix_comes_from_the_flag_else_the_run_dir_else_the_default(
+    tmp_path: Path,
+) -> None:
+    assert _options().metrics_prefix == "jetserve_"
+    _record(tmp_path, metrics_prefix="acme_")
+    assert _options("--run-dir", str(tmp_path)).metrics_prefix == "acme_"
+    flagged = _options("--run-dir", str(tmp_path), "--metrics-prefix", "mine_")
+    assert flagged.metrics_prefix == "mine_"
+
+
+def test_a_bad_metrics_prefix_is_refused() -> None:
+    with pytest.raises(ValueError, match="--metrics-prefix"):
+        _options("--metrics-prefix", "9x")
+
+
+def test_the_stack_records_its_metrics_prefix(tmp_path: Path) -> None:
+    stack = Stack(StackConfig(run_dir=tmp_path, metrics_prefix="acme_"))
+    stack._write_record(stack.plan())
+    assert runrecord.read(tmp_path).metrics_prefix == "acme_"

@@ -36,6 +36,14 @@ class TestSamples:
         by_endpoint = parse(TEXT).by_label("jetserve_http_requests_total", "endpoint")
         assert by_endpoint == {"/v1/chat/completions": 8, "/v1/completions": 3}
 
+    def test_names_with_a_custom_prefix_read_as_the_code_writes_them(self) -> None:
+        samples = parse(TEXT.replace("jetserve_", "acme_"), prefix="acme_")
+        assert samples.total("jetserve_http_requests_total") == 11
+        assert "jetserve_errors" in samples.families
+
+    def test_a_custom_prefix_leaves_default_names_alone(self) -> None:
+        assert parse(TEXT, prefix="acme_").total("jetserve_http_requests_total") == 11
+
     def test_bad_text_is_a_value_error(self) -> None:
         with pytest.raises(ValueError, match="not Prometheus text"):
             parse("not metrics {{{\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.__main__ import build_parser, stack_config
+from services.cli.__main__ import banner, build_parser
 from services.cli.config import (
     LAUNCHER_OWNED,
     NATS_AUTH,
@@ -18,7 +18,16 @@ from services.cli.config import (
     service_configs,
     up_plan,
 )
-from services.cli.stack import Child, Stack, StackConfig, _stop_rank, replica_args
+from services.cli.secure import TAP_USER
+from services.cli.stack import (
+    FROM_UP_RENAMED,
+    UP_LINE,
+    Child,
+    Stack,
+    StackConfig,
+    _stop_rank,
+    replica_args,
+)
 
 
 def plan(*argv: str) -> UpPlan:
@@ -33,6 +42,7 @@ def test_defaults() -> None:
         "namespace": "jetserve",
         "log_level": "INFO",
         "log_format": "auto",
+        "metrics_prefix": "jetserve_",
         **dict.fromkeys(NATS_AUTH),
     }
     assert result.service_args == {}
@@ -47,32 +57,100 @@ EVERY_OPTION = (
     *("--embedders", "2", "--embedding-model-name", "emb", "--media-workers", "1"),
     *("--model-name", "m", "--log-to-terminal", "--secure"),
     *("--namespace", "ns", "--log-level", "DEBUG", "--log-format", "json"),
+    *("--metrics-prefix", "acme_"),
 )
 """A value other than the default for every option of ``jetserve up`` (but ``--nats-url``, which
 ``--secure`` refuses, and ``--run-dir``, a path); a new option needs one here."""
 UP_OWN = {"keep_run_dir", "model_path"}
 """Options ``_up`` uses itself: it keeps the run dir, and resolves the model dir it hands on."""
-RENAMED = {"worker_args": "mocker_args"}
 
 
 def test_every_up_option_reaches_the_stack(tmp_path: Path) -> None:
     """What ``jetserve up`` parses, its ``Stack`` gets (``--media-workers`` was parsed and then
     dropped: no media worker, ``/v1/images/generations`` a 404)."""
-    given = stack_config(plan(*EVERY_OPTION, "--run-dir", str(tmp_path)), tmp_path)
-    default = stack_config(plan(), tmp_path)
+    given = StackConfig.from_up(plan(*EVERY_OPTION, "--run-dir", str(tmp_path)), tmp_path)
+    default = StackConfig.from_up(plan(), tmp_path)
     changed = {
         f.name for f in fields(StackConfig) if getattr(given, f.name) != getattr(default, f.name)
     }
     options = {f.name for f in fields(UpConfig)} - UP_OWN - {"nats_url"}
-    options |= {"namespace", "log_level", "log_format"}
-    assert {RENAMED.get(name, name) for name in options} - changed == set()
+    options |= {"namespace", "log_level", "log_format", "metrics_prefix"}
+    assert {FROM_UP_RENAMED.get(name, name) for name in options} - changed == set()
+
+
+def test_every_up_field_named_like_a_stack_field_is_carried(tmp_path: Path) -> None:
+    """``from_up`` matches fields by name: each ``UpConfig`` field that ``StackConfig`` has (but
+    those ``from_up`` sets itself) holds the value ``jetserve up`` parsed."""
+    given = plan(*EVERY_OPTION, "--run-dir", str(tmp_path))
+    config = StackConfig.from_up(given, tmp_path)
+    names = {f.name for f in fields(StackConfig)}
+    set_by_from_up = {"nats_url", "model_path"}
+    carried = {
+        FROM_UP_RENAMED.get(f.name, f.name): getattr(given.up, f.name)
+        for f in fields(UpConfig)
+        if FROM_UP_RENAMED.get(f.name, f.name) in names - set_by_from_up
+    }
+    assert len(carried) == len(fields(UpConfig)) - 3  # all but keep_run_dir and set_by_from_up
+    assert {name: getattr(config, name) for name in carried} == carried
+
+
+def test_the_shared_settings_and_the_resolved_model_reach_the_stack(tmp_path: Path) -> None:
+    config = StackConfig.from_up(plan("--namespace", "ns", "--log-level", "DEBUG"), tmp_path)
+    assert (config.namespace, config.log_level, config.log_format) == ("ns", "DEBUG", "auto")
+    assert (config.model_path, config.nats_url) == (str(tmp_path), None)
+
+
+def test_only_up_own_options_have_no_stack_field() -> None:
+    """A new ``jetserve up`` option needs a ``StackConfig`` field of its name (or a rename)."""
+    names = {f.name for f in fields(StackConfig)}
+    missing = {f.name for f in fields(UpConfig)} - names - FROM_UP_RENAMED.keys()
+    assert missing == {"keep_run_dir"}
+
+
+def _started(config: StackConfig) -> Stack:
+    """A stack as ``jetserve up`` sees it once started (nothing is run)."""
+    stack = Stack(config)
+    stack.nats_url = "nats://127.0.0.1:4333"
+    stack.http_port, stack.grpc_port = 9000, 9001
+    return stack
+
+
+def test_the_banner_says_where_and_what_the_stack_serves(tmp_path: Path) -> None:
+    given = plan(
+        *("--workers", "3", "--tensor-workers", "1", "--embedders", "2"),
+        *("--embedding-model-name", "emb", "--media-workers", "1", "--routers", "2"),
+        *("--model-name", "m", "--run-dir", str(tmp_path)),
+    )
+    lines = banner(given.up, _started(StackConfig.from_up(given, tmp_path))).splitlines()
+    assert lines == [
+        f"{UP_LINE}http://127.0.0.1:9000/v1 and gRPC (KServe v2) 127.0.0.1:9001  (model m, "
+        "3 mocker workers, tensor model echo on 1 workers, embedding model emb on 2 workers, "
+        "image and video models on 1 media workers, 2 routers, NATS nats://127.0.0.1:4333)",
+        f"logs and pids: {tmp_path}    stop: Ctrl-C",
+        f"live view: jetserve top --run-dir {tmp_path}",
+    ]
+
+
+def test_the_banner_says_a_temp_run_dir_goes_and_where_the_tap_seed_is(tmp_path: Path) -> None:
+    given = plan("--secure")
+    stack = _started(StackConfig.from_up(given, tmp_path))
+    stack.seeds = {TAP_USER: tmp_path / "tap.nk"}
+    try:
+        lines = banner(given.up, stack).splitlines()
+    finally:
+        stack.remove_run_dir()
+    assert lines[1].endswith("(removed on a clean exit)    stop: Ctrl-C")
+    assert lines[3] == (
+        "NATS admits only this stack's keys; read-only tap: jetserve tap --nats-url "
+        f"nats://127.0.0.1:4333 --nats-nkey-seed {tmp_path / 'tap.nk'} '>'"
+    )
 
 
 def test_a_nats_url_and_its_credentials_reach_the_stack(tmp_path: Path) -> None:
     creds = tmp_path / "svc.creds"
     creds.write_text("-----BEGIN NATS USER JWT-----")
     given = plan("--nats-url", "nats://nats.internal:4222", "--nats-creds", str(creds))
-    config = stack_config(given, tmp_path)
+    config = StackConfig.from_up(given, tmp_path)
     assert (config.nats_url, config.extra_env) == (
         "nats://nats.internal:4222",
         {"JETSERVE_NATS_CREDS": str(creds)},
@@ -246,7 +324,7 @@ def test_replicas_stop_with_their_stage(tmp_path: Path) -> None:
 def test_a_single_worker_flag_is_given_with_an_equals_sign(tmp_path: Path) -> None:
     """README: ``--worker-args=--enforce-eager`` (argparse takes ``--worker-args --x`` for two
     options)."""
-    given = stack_config(plan("--worker-args=--enforce-eager"), tmp_path)
+    given = StackConfig.from_up(plan("--worker-args=--enforce-eager"), tmp_path)
     assert given.mocker_args == "--enforce-eager"
 
 
@@ -270,7 +348,7 @@ def test_prefill_and_decode_workers_are_processes_of_their_own_with_their_role(
         *("--workers", "1", "--prefill-workers", "2", "--decode-workers", "1"),
         *("--data-parallel-size", "2", "--mocker-metrics-port", "9200"),
     )
-    workers = _workers(Stack(stack_config(given, tmp_path)))
+    workers = _workers(Stack(StackConfig.from_up(given, tmp_path)))
     assert {name: _flag(cmd, "--role") for name, cmd in workers.items()} == {
         "mocker-0": "both",
         "mocker-prefill-0": "prefill",
@@ -284,7 +362,7 @@ def test_prefill_and_decode_workers_are_processes_of_their_own_with_their_role(
 
 def test_a_fully_disaggregated_stack_has_no_aggregated_worker(tmp_path: Path) -> None:
     given = plan("--workers", "0", "--prefill-workers", "2", "--decode-workers", "2")
-    assert sorted(_workers(Stack(stack_config(given, tmp_path)))) == [
+    assert sorted(_workers(Stack(StackConfig.from_up(given, tmp_path)))) == [
         *("mocker-decode-0", "mocker-decode-1", "mocker-prefill-0", "mocker-prefill-1")
     ]
 
@@ -294,7 +372,7 @@ def test_aggregated_workers_say_their_role_and_the_worker_args_come_after_it(
 ) -> None:
     """The role is the launcher's (``--mocker-role`` is no flag); a ``--worker-args`` flag, given
     later on the command line, still wins."""
-    workers = _workers(Stack(stack_config(plan("--worker-args", "--seed 3"), tmp_path)))
+    workers = _workers(Stack(StackConfig.from_up(plan("--worker-args", "--seed 3"), tmp_path)))
     for cmd in workers.values():
         i = cmd.index("--role")
         assert cmd[i : i + 4] == ["--role", "both", "--data-parallel-size", "1"]
@@ -347,6 +425,6 @@ def test_the_vllm_engine_gets_the_role_too(tmp_path: Path) -> None:
     given = plan(
         *("--engine", "vllm", "--workers", "0", "--prefill-workers", "1", "--decode-workers", "1")
     )
-    commands = dict(Stack(stack_config(given, tmp_path)).plan())
+    commands = dict(Stack(StackConfig.from_up(given, tmp_path)).plan())
     assert _flag(commands["vllm_worker-prefill-0"], "--role") == "prefill"
     assert _flag(commands["vllm_worker-decode-0"], "--role") == "decode"

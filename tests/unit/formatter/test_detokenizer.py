@@ -1,12 +1,14 @@
-"""Incremental detokenization with the real Qwen3 tokenizer: UTF-8 splits, stop strings, EOS."""
+"""Incremental detokenization with the real Qwen3 tokenizer: UTF-8 splits, stop strings, EOS,
+control characters."""
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 import pytest
 
-from services.formatter.detokenizer import Detokenizer
+from services.formatter.detokenizer import Detokenizer, visible_text
 
 IM_END = 151645  # <|im_end|>, a Qwen3 EOS id
 RARE = "\U0001d518\U0001d52b\U0001d526 ᚠᛇᚻ ꙮ 🦜🧬 ñ"  # Fraktur "Uni", runes: split over ids
@@ -121,3 +123,38 @@ class TestStopTokenId:
     def test_special_tokens_are_skipped_by_default(self, tokenizer: Any) -> None:
         detok = Detokenizer(tokenizer)
         assert detok.push([*ids_of(tokenizer, "Hi"), IM_END]) == "Hi"
+
+
+class TestControlCharacters:
+    """Control characters never reach a client; tab, line feed and carriage return do."""
+
+    DIRTY = "red\x1b[31m alert\x07\x00 done\ttab\r\nnext\x7f \x85x\x08"
+    CLEAN = "red[31m alert done\ttab\r\nnext x"
+
+    @pytest.mark.parametrize(
+        ("text", "visible"),
+        [
+            ("plain text, nothing to drop", "plain text, nothing to drop"),
+            ("", ""),
+            ("a\x00b\x1bc\x7fd\x9fe", "abcde"),
+            ("keep\ttab\nline\r\n", "keep\ttab\nline\r\n"),
+            ("no-break\u00a0space, é, 世界, 🙂", "no-break\u00a0space, é, 世界, 🙂"),
+            (DIRTY, CLEAN),
+        ],
+    )
+    def test_visible_text_drops_control_characters_only(self, text: str, visible: str) -> None:
+        assert visible_text(text) == visible
+
+    def test_every_unicode_control_character_but_three_is_dropped(self) -> None:
+        controls = [chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) == "Cc"]
+        assert visible_text("".join(controls)) == "\t\n\r"
+
+    @pytest.mark.parametrize("batch", [1, 4])
+    def test_the_detokenizer_shows_text_without_them(self, tokenizer: Any, batch: int) -> None:
+        pieces = feed(Detokenizer(tokenizer), ids_of(tokenizer, self.DIRTY), batch)
+        assert "".join(pieces) == self.CLEAN
+
+    def test_stop_strings_are_found_in_the_visible_text(self, tokenizer: Any) -> None:
+        detok = Detokenizer(tokenizer, stop=("alert done",))
+        text = "".join(feed(detok, ids_of(tokenizer, self.DIRTY), batch=1)) + detok.flush()
+        assert (text, detok.stopped) == ("red[31m ", True)

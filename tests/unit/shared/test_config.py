@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -15,7 +16,14 @@ from services.formatter.config import FormatterConfig
 from services.gateway.config import GatewayConfig
 from services.mocker.config import MockerConfig
 from services.router.config import RouterConfig
-from shared.config import CommonConfig, SettingError, computed_setting, setting, settings_of
+from shared.config import (
+    REDACTED,
+    CommonConfig,
+    SettingError,
+    computed_setting,
+    setting,
+    settings_of,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -200,6 +208,7 @@ def test_env_var_names_are_unique_per_service_and_carry_the_prefix() -> None:
         "JETSERVE_LOG_LEVEL",
         "JETSERVE_LOG_FORMAT",
         "JETSERVE_JS_REPLICAS",
+        "JETSERVE_METRICS_PREFIX",
         "JETSERVE_NATS_CREDS",
         "JETSERVE_NATS_NKEY_SEED",
         "JETSERVE_NATS_TLS_CA",
@@ -215,3 +224,82 @@ def test_env_var_names_are_unique_per_service_and_carry_the_prefix() -> None:
         assert odd == []
         flags = [s.flag for s in cls.settings()]
         assert [f for f in flags if f.endswith("-secs")] == []
+
+
+class TestDump:
+    """``--dump-config-to``: every resolved value as JSON, secrets redacted."""
+
+    def test_from_cli_writes_the_resolved_values_and_returns_the_config(
+        self, tmp_path: Path
+    ) -> None:
+        out = tmp_path / "deep" / "demo.json"
+        config = parse(["--count", "7", "--dump-config-to", str(out)], JETSERVE_DEMO_FAST="off")
+        dumped = json.loads(out.read_text())
+        assert dumped["service"] == "demo"
+        assert dumped["settings"]["count"] == 7  # flag
+        assert dumped["settings"]["fast"] is False  # env var
+        assert dumped["settings"]["demo_mode"] == "a"  # default
+        assert dumped["settings"]["ident"] == "generated"  # computed
+        assert dumped["settings"]["path"] is None
+        assert list(dumped["settings"]) == [s.name for s in DemoConfig.settings()]
+        assert config.count == 7
+
+    def test_a_dump_that_cannot_be_written_is_a_usage_error(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        (tmp_path / "file").write_text("")
+        with pytest.raises(SystemExit) as exc:
+            parse(["--dump-config-to", str(tmp_path / "file" / "x.json")])
+        assert exc.value.code == 2
+        assert "--dump-config-to" in capsys.readouterr().err
+
+    def test_secrets_are_redacted(self) -> None:
+        settings = SecretConfig.settings()
+        assert [s.name for s in settings if s.secret] == ["token", "api_key", "db_password"]
+        shown = SecretConfig(token="t0k", api_key="k3y", db_password="pw").dump()["settings"]
+        assert (shown["token"], shown["api_key"], shown["db_password"]) == (REDACTED,) * 3
+        assert shown["api_key_file"] == "/keys.txt"  # a path to a secret is not one
+        assert SecretConfig().dump()["settings"]["api_key"] == ""  # unset says so
+
+    @pytest.mark.parametrize(
+        ("url", "shown"),
+        [
+            ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
+            ("nats://jet:s3cret@h:4222", f"nats://jet:{REDACTED}@h:4222"),
+            ("nats://t0ken@h:4222", f"nats://{REDACTED}@h:4222"),
+            ("nats://a:1,nats://u:p@b:2", f"nats://a:1,nats://u:{REDACTED}@b:2"),
+        ],
+    )
+    def test_a_password_or_token_in_a_url_is_redacted(self, url: str, shown: str) -> None:
+        assert CommonConfig(nats_url=url).dump()["settings"]["nats_url"] == shown
+
+    def test_the_gateway_api_key_is_a_secret(self) -> None:
+        assert GatewayConfig.settings()["api_key"].secret
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SecretConfig(CommonConfig):
+    SERVICE = "sec"
+
+    token: str = setting("", "Marked", secret=True)
+    api_key: str = setting("", "Named like a secret")
+    db_password: str = setting("", "Named like a secret")
+    api_key_file: Path = setting(Path("/keys.txt"), "A path")
+    tokens: int = setting(3, "Not a secret")
+
+
+class TestMetricsPrefix:
+    def test_defaults_to_jetserve(self) -> None:
+        assert parse([]).metrics_prefix == "jetserve_"
+        assert DemoConfig.settings()["metrics_prefix"].env == "JETSERVE_METRICS_PREFIX"
+
+    def test_flag_and_env(self) -> None:
+        assert parse(["--metrics-prefix", "acme_"]).metrics_prefix == "acme_"
+        assert parse([], JETSERVE_METRICS_PREFIX="env_").metrics_prefix == "env_"
+
+    def test_a_prefix_no_metric_name_can_start_with_is_a_usage_error(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        with pytest.raises(SystemExit):
+            parse(["--metrics-prefix", "9-lives"])
+        assert "--metrics-prefix (JETSERVE_METRICS_PREFIX) must be" in capsys.readouterr().err

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from prometheus_client import Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.metrics import ServiceMetrics
+from shared.metrics import ServiceMetrics, exposed
 
 
 def _samples(metrics: ServiceMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -74,3 +75,32 @@ def test_errors_by_code_and_in_flight_read_at_scrape_time() -> None:
     samples = _samples(metrics)
     assert samples[("jetserve_errors_total", (("code", "timeout"), ("service", "svc")))] == 2
     assert samples[("jetserve_in_flight", (("service", "svc"),))] == 3
+
+
+def test_a_prefix_renames_every_family_and_sample_at_exposition() -> None:
+    metrics = ServiceMetrics("svc")
+    with metrics.handling("k"):
+        pass
+    metrics.error("timeout")
+    Gauge("jetserve_router_index_blocks", "Blocks", registry=metrics.registry).set(7)
+    text = metrics.exposition("acme_").decode()
+    families = {f.name for f in text_string_to_metric_families(text)}
+    assert families == {
+        "acme_messages",
+        "acme_handler_seconds",
+        "acme_errors",
+        "acme_errors_created",
+        "acme_in_flight",
+        "acme_router_index_blocks",
+    }
+    assert "jetserve_" not in text
+    assert "acme_router_index_blocks 7.0" in text.splitlines()
+
+
+def test_the_default_prefix_exposes_the_registry_as_it_is() -> None:
+    metrics = ServiceMetrics("svc")
+    metrics.error("x")
+    assert (
+        metrics.exposition() == metrics.exposition("jetserve_") == generate_latest(metrics.registry)
+    )
+    assert exposed(metrics.registry) is metrics.registry
