@@ -14,7 +14,7 @@ mockers). Both systems serve the kit's model dir as ``Qwen/Qwen3-0.6B``:
 * JetServe as a user starts it: ``jetserve up --router-mode kv --mocker-speedup-ratio 1 …`` with
   ``--workers 4``, or ``--workers 0 --prefill-workers 2 --decode-workers 2``; ready at its "JetServe
   is up" line, stopped with SIGINT (``bench.side_by_side``'s helpers).
-* Dynamo through the ``../shared/bench`` kit: ``ROUTER_MODE=kv NUM_WORKERS=4 SPEEDUP=1
+* Dynamo through the Dynamo reference bench kit: ``ROUTER_MODE=kv NUM_WORKERS=4 SPEEDUP=1
   dynamo_up.sh``, or ``PREFILL_WORKERS=2 NUM_WORKERS=2`` (2 prefill-only + 2 decode-only mockers);
   ``dynamo_down.sh`` stops exactly what it started.
 

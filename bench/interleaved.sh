@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Interleaved A/B (and Dynamo): two JetServe stacks up at once (trees DIR_A and DIR_B, or one tree
 # with an environment variable VAR set to A and to B), optionally Dynamo 1.6.1 too (DYN=1, the
-# ../shared/bench kit), and the kit's loadgen run against each in turn, CYCLES times N requests:
+# Dynamo reference bench kit, KIT), and the kit's loadgen run against each in turn, CYCLES times N requests:
 # every system sees the same machine state (this 2-core VM's speed drifts by tens of percent
 # within minutes, so runs minutes apart do not compare). Prints per-side medians, per-cycle ratios.
 #

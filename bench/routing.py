@@ -3,7 +3,7 @@
     python -m bench.routing [--part a] [--workers 16 256 1024] [--events 10000] [--iters 1000]
                             [--out FILE]
 
-(a) In-process and pure, like ``../shared/bench/radix_bench.py`` for Dynamo's ``RadixTree``:
+(a) In-process and pure, like the Dynamo bench kit's ``radix_bench.py`` for its ``RadixTree``:
     64 base sequences of 8192 random tokens; 10,000 ``BlockStored`` batches, each extending one
     of 16 workers' cached chain on one base sequence by 16 blocks (with ``parent_hash``), are
     applied through ``KvSync`` (msgpack decode + apply, and apply alone: events/s). Then the
@@ -202,7 +202,7 @@ def serving_workload(mode: str, **options: Any) -> dict[str, Any]:
 
     4 mockers (``--speedup-ratio 1 --block-size 16 --num-gpu-blocks-override 1024``), 400
     streaming chats at concurrency 16, 32 output tokens, each one of 8 ~2800-word system prompts
-    plus a unique 50-word user message (the shape of ``../shared/bench`` workload (c)).
+    plus a unique 50-word user message (the shape of the Dynamo bench kit's workload (c)).
     """
     requests = int(options.get("requests", 400))
     model_dir = ensure_default_model_dir(default_model_dir())

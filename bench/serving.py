@@ -17,7 +17,7 @@ lines are appended to FILE too, and the plots of FILE (``bench.plots``) drawn ne
 
 Then (not with ``--url``), unless ``--dynamo off``: ``bench.side_by_side``, workload (a) with
 the kit's own client, Dynamo and JetServe alternated for ``--rounds`` (JetServe alone, after one
-line saying so, where the ``../shared/bench`` kit is not installed).
+line saying so, where the Dynamo reference bench kit is not installed).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""c=1 latency, JetServe side by side with NVIDIA Dynamo 1.6.1 (the ``../shared/bench`` kit).
+"""c=1 latency, JetServe side by side with NVIDIA Dynamo 1.6.1 (the Dynamo reference bench kit,
+outside this repository: ``JETSERVE_BENCH_KIT`` names its directory).
 
     python -m bench.side_by_side [--rounds 3] [--dynamo auto|on|off] [--pause-s 5]
                                  [--out FILE [--no-plots]]

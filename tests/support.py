@@ -1,4 +1,5 @@
-"""Test helpers shared by the integration and e2e tiers: a real nats-server, free ports.
+"""Test helpers: a real nats-server and free ports (integration and e2e tiers), and waiting for
+a condition with a deadline and a message (``eventually``, any tier).
 
 Ports and the ``nats-server`` binary and command line come from ``services.cli.stack`` (written
 once, for ``jetserve up`` and the tests alike).
@@ -10,15 +11,19 @@ import asyncio
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from services.cli.stack import free_port, nats_server_binary, nats_server_command, wait_for_port
+
+T = TypeVar("T")
 
 __all__ = [
     "eventually",
     "eventually_async",
+    "eventually_awaited",
     "free_port",
     "in_ci",
     "nats_server",
@@ -57,25 +62,59 @@ def in_ci() -> bool:
     return bool(os.environ.get("CI"))
 
 
+Message = str | Callable[[], str]
+"""What a wait was for, said when it fails; a callable is asked then (to add a log's tail)."""
+
+
+def _failed(message: Message, timeout_s: float, last: object) -> AssertionError:
+    said = message if isinstance(message, str) else message()
+    return AssertionError(f"{said} (within {timeout_s:g}s; last: {last!r})")
+
+
 def eventually(
-    check: Callable[[], object], *, timeout_s: float = 10.0, message: str, interval_s: float = 0.02
-) -> None:
-    """Poll ``check`` until it returns something true; past ``timeout_s``, fail with ``message``
-    (and what ``check`` last returned). For conditions a test waits on from a thread or a
-    synchronous test; ``eventually_async`` is the same on an event loop."""
+    check: Callable[[], T], *, timeout_s: float = 10.0, message: Message, interval_s: float = 0.02
+) -> T:
+    """Poll ``check`` until it returns something true, and return that; past ``timeout_s``, fail
+    with ``message`` (and what ``check`` last returned). For conditions a test waits on from a
+    thread or a synchronous test; ``eventually_async`` is the same on an event loop."""
     deadline = time.monotonic() + timeout_s
     while not (last := check()):
         if time.monotonic() >= deadline:
-            raise AssertionError(f"{message} (within {timeout_s:g}s; last: {last!r})")
+            raise _failed(message, timeout_s, last)
         time.sleep(interval_s)
+    return last
 
 
 async def eventually_async(
-    check: Callable[[], object], *, timeout_s: float = 10.0, message: str, interval_s: float = 0.02
-) -> None:
+    check: Callable[[], T], *, timeout_s: float = 10.0, message: Message, interval_s: float = 0.02
+) -> T:
     """``eventually`` without blocking the event loop (``check`` is a plain function)."""
     deadline = time.monotonic() + timeout_s
     while not (last := check()):
         if time.monotonic() >= deadline:
-            raise AssertionError(f"{message} (within {timeout_s:g}s; last: {last!r})")
+            raise _failed(message, timeout_s, last)
         await asyncio.sleep(interval_s)
+    return last
+
+
+async def eventually_awaited(
+    check: Callable[[], Awaitable[T]],
+    *,
+    timeout_s: float = 10.0,
+    message: Message,
+    interval_s: float = 0.02,
+) -> T:
+    """``eventually_async`` for a check that is awaited (a request, a bucket read). A try still
+    running at ``timeout_s`` is cancelled and fails the same way; a ``TimeoutError`` the check
+    raises itself is its own error and passes through."""
+    last: T | None = None
+    try:
+        async with asyncio.timeout(timeout_s) as budget:
+            while True:
+                if last := await check():
+                    return last
+                await asyncio.sleep(interval_s)
+    except TimeoutError:
+        if not budget.expired():
+            raise
+    raise _failed(message, timeout_s, last)

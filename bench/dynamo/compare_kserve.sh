@@ -2,7 +2,7 @@
 # KServe gRPC, JetServe against Dynamo 1.6.1's frontend (--kserve-grpc-server) + mocker, the same
 # client (bench.serving's grpc and grpc-grpcio), workloads (a) and (b), alternated, ROUNDS times.
 # Dynamo takes max_tokens only from a request template, so its stack is started per workload.
-# Prints one JSON line per run with "system". Needs the ../shared/bench kit installed
+# Prints one JSON line per run with "system". Needs the Dynamo reference bench kit installed
 # (install_dynamo.sh, make_model_dir.py). Usage: bench/dynamo/compare_kserve.sh [ROUNDS]
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import httpx
 
 from services.cli.stack import free_ports, nats_server_binary
+from tests.support import eventually
 
 CONF = Path(__file__).resolve().parents[2] / "docker" / "nats-cluster.conf"
 READY_TIMEOUT_S = 30.0
@@ -89,12 +89,12 @@ class LocalCluster:
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Until every running node says /healthz ok (JetStream has a meta leader)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if all(_healthy(n) for n in self.nodes if n.is_running):
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"the NATS cluster was not ready within {timeout_s:.0f}s")
+        eventually(
+            lambda: all(_healthy(n) for n in self.nodes if n.is_running),
+            timeout_s=timeout_s,
+            interval_s=0.2,
+            message="the NATS cluster was not ready",
+        )
 
     def node_with(self, connection_prefix: str) -> Node:
         """The running node holding a client connection named ``connection_prefix…``."""

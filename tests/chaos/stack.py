@@ -22,6 +22,7 @@ import httpx
 from services.cli.stack import UP_LINE, free_port, free_ports, port_accepts, port_is_free
 from tests.chaos.cluster import LocalCluster
 from tests.chaos.report import counter_increase, counter_samples, has_counter
+from tests.support import eventually
 
 STOP_BOUND_S = 40.0
 """How long the launcher may take to stop everything after SIGTERM before it is killed."""
@@ -164,17 +165,21 @@ class UpStack:
             self.launcher = subprocess.Popen(
                 self.command(), stdout=out, stderr=err, start_new_session=True, env=self.env()
             )
-        deadline = started + ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.launcher.poll() is not None:
-                raise RuntimeError(
-                    f"jetserve up exited {self.launcher.returncode}\n{self.stderr()}"
-                )
-            if UP_LINE in out_path.read_text(errors="replace"):
-                self.up_s = round(time.monotonic() - started, 2)
-                return self.up_s
-            time.sleep(0.1)
-        raise RuntimeError(f"jetserve up not up after {ready_timeout_s:.0f}s\n{self.stderr()}")
+        launcher = self.launcher
+
+        def is_up() -> bool:
+            if launcher.poll() is not None:
+                raise RuntimeError(f"jetserve up exited {launcher.returncode}\n{self.stderr()}")
+            return UP_LINE in out_path.read_text(errors="replace")
+
+        eventually(
+            is_up,
+            timeout_s=ready_timeout_s,
+            interval_s=0.1,
+            message=lambda: f"jetserve up not up\n{self.stderr()}",
+        )
+        self.up_s = round(time.monotonic() - started, 2)
+        return self.up_s
 
     def pids(self) -> dict[str, int]:
         """Each child's pid by name, as the launcher last wrote it (re-read on every call)."""

@@ -30,6 +30,7 @@ import pytest
 from shared.model_dir import DEFAULT_MODEL_NAME
 from tests.chaos.load import LoadConfig, run_load
 from tests.chaos.report import summarize
+from tests.support import eventually
 from tests.support_containers import ROOT, compose_or_skip, up_on_free_ports
 
 pytestmark = [
@@ -118,16 +119,18 @@ class ClusterStack:
         return dict(json.loads(out.strip().splitlines()[-1]))
 
     def wait_healthy(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
         states: list[str] = []
-        while time.monotonic() < deadline:
+
+        def healthy() -> bool:
+            nonlocal states
             ids = self.run("ps", "-q").split()
             fmt = "{{.Name}} {{.State.Health.Status}}"
             states = self.docker("inspect", "-f", fmt, *ids).split("\n")
-            if ids and all(s.endswith(" healthy") for s in states if s):
-                return
-            time.sleep(1)
-        raise TimeoutError(f"not healthy after {timeout_s:.0f}s: {states}")
+            return bool(ids) and all(s.endswith(" healthy") for s in states if s)
+
+        eventually(
+            healthy, timeout_s=timeout_s, interval_s=1, message=lambda: f"not healthy: {states}"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -194,18 +197,23 @@ def restore_nodes(stack: ClusterStack, timeout_s: float = 60) -> float:
     for service in NODES:
         if not stack.is_running(service):
             stack.docker("start", stack.container(service))
-    deadline = t0 + timeout_s
     streams: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+
+    def caught_up() -> bool:
+        nonlocal streams
         try:
             streams = stack.check(overlap=False)["streams"]
         except RuntimeError:  # a node rejoining: ask again
-            time.sleep(1)
-            continue
-        if all(s["current_followers"] == 2 for s in streams.values()):
-            return time.monotonic() - t0
-        time.sleep(1)
-    raise TimeoutError(f"the cluster did not catch up within {timeout_s:.0f}s: {streams}")
+            return False
+        return all(s["current_followers"] == 2 for s in streams.values())
+
+    eventually(
+        caught_up,
+        timeout_s=max(0.0, t0 + timeout_s - time.monotonic()),
+        interval_s=1,
+        message=lambda: f"the cluster did not catch up: {streams}",
+    )
+    return time.monotonic() - t0
 
 
 def service_logs(stack: ClusterStack, since: float) -> Iterator[tuple[str, list[str]]]:

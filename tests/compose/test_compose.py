@@ -22,6 +22,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from tests.support import eventually
 from tests.support_containers import ROOT, compose_or_skip, up_on_free_ports
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(900)]
@@ -66,9 +67,10 @@ class ComposeStack:
 
     def wait_healthy(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Until every container of the project reports ``healthy`` (Docker's health checks)."""
-        deadline = time.monotonic() + timeout_s
         states: list[str] = []
-        while time.monotonic() < deadline:
+
+        def healthy() -> bool:
+            nonlocal states
             ids = self.run("ps", "-q").split()
             states = subprocess.run(
                 ["docker", "inspect", "-f", "{{.Name}} {{.State.Health.Status}}", *ids],
@@ -76,23 +78,23 @@ class ComposeStack:
                 text=True,
                 check=False,
             ).stdout.split("\n")
-            if ids and all(s.endswith(" healthy") for s in states if s):
-                return
-            time.sleep(1)
-        raise TimeoutError(f"not healthy after {timeout_s:.0f}s: {states}")
+            return bool(ids) and all(s.endswith(" healthy") for s in states if s)
+
+        eventually(
+            healthy, timeout_s=timeout_s, interval_s=1, message=lambda: f"not healthy: {states}"
+        )
 
     def wait_gateway_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Until ``/health`` is 200: a model has a live worker."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def ready() -> bool:
             try:
                 with urllib.request.urlopen(self.url("/health"), timeout=2) as resp:
-                    if resp.status == 200:
-                        return
+                    return bool(resp.status == 200)
             except OSError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"gateway /health not 200 after {timeout_s:.0f}s")
+                return False
+
+        eventually(ready, timeout_s=timeout_s, interval_s=0.5, message="gateway /health not 200")
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.http_port}{path}"
@@ -273,17 +275,23 @@ def crash(container: str) -> str:
 
 
 def wait_restarted(container: str, timeout_s: float = 60) -> str:
-    """The container's state once the restart policy has brought it back (or the last seen)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """The container's state once the restart policy has brought it back."""
+    state = ""
+
+    def restarted() -> str | None:
+        nonlocal state
         state = subprocess.run(
             ["docker", "inspect", "-f", "{{.State.Status}} restarts={{.RestartCount}}", container],
             capture_output=True, text=True, check=False,
         ).stdout.strip()  # fmt: skip
-        restarted = state.startswith("running") and not state.endswith("restarts=0")
-        if restarted or time.monotonic() >= deadline:
-            return state
-        time.sleep(0.5)
+        return state if state.startswith("running") and not state.endswith("restarts=0") else None
+
+    return eventually(
+        restarted,
+        timeout_s=timeout_s,
+        interval_s=0.5,
+        message=lambda: f"{container} was not restarted: {state}",
+    )
 
 
 def test_killing_a_mocker_mid_run_keeps_requests_succeeding(stack: ComposeStack) -> None:

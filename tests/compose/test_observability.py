@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -24,6 +23,7 @@ import yaml
 
 from tests.compose.test_compose import ComposeStack, _warm_up
 from tests.observability import dashboard_exprs
+from tests.support import eventually
 from tests.support_containers import (
     ROOT,
     build_local_image_or_skip,
@@ -74,19 +74,27 @@ def api(port: int, path: str) -> Any:
 
 
 def wait_all_up(port: int, expected: Counter[str]) -> list[dict[str, Any]]:
-    """The active targets once there are ``expected`` per job, all up (or the last seen)."""
-    deadline = time.monotonic() + TARGETS_TIMEOUT_S
+    """The active targets once there are ``expected`` per job, all up."""
     targets: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
+
+    def all_up() -> list[dict[str, Any]] | None:
+        nonlocal targets
         try:
             targets = api(port, "targets?state=active")["activeTargets"]
         except OSError:
             targets = []
         jobs = Counter(t["labels"]["job"] for t in targets)
-        if jobs == expected and all(t["health"] == "up" for t in targets):
-            break
-        time.sleep(1)
-    return targets
+        return targets if jobs == expected and all(t["health"] == "up" for t in targets) else None
+
+    return eventually(
+        all_up,
+        timeout_s=TARGETS_TIMEOUT_S,
+        interval_s=1,
+        message=lambda: (
+            "targets not all up: "
+            + str(sorted((t["labels"]["job"], t["health"], t["lastError"]) for t in targets))
+        ),
+    )
 
 
 def test_every_replica_of_every_service_is_scraped_and_up(
@@ -105,11 +113,12 @@ def test_every_replica_of_every_service_is_scraped_and_up(
 def test_prometheus_sees_the_gateway_requests(observed: tuple[ComposeStack, int]) -> None:
     _, port = observed
     query = urllib.parse.quote('sum(jetserve_http_requests_total{endpoint="/v1/chat/completions"})')
-    deadline = time.monotonic() + 30
-    result: list[dict[str, Any]] = []
-    while not (result := api(port, f"query?query={query}")["result"]):
-        assert time.monotonic() < deadline, "no jetserve_http_requests_total in Prometheus"
-        time.sleep(1)
+    result: list[dict[str, Any]] = eventually(
+        lambda: api(port, f"query?query={query}")["result"],
+        timeout_s=30,
+        interval_s=1,
+        message="no jetserve_http_requests_total in Prometheus",
+    )
     assert float(result[0]["value"][1]) >= 1
 
 

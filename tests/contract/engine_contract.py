@@ -27,11 +27,11 @@ from shared.messages import (
     RequestFailed,
     SamplingParams,
     TokenBatch,
-    WorkerCard,
 )
 from shared.registry import WorkerDirectory
 from shared.registry.model_files import ModelFiles
 from shared.subjects import Subjects
+from tests.support import eventually_async, eventually_awaited
 
 TIMEOUT_S = 30.0
 """One request's whole stream on the slowest engine here (transformers on a CPU)."""
@@ -126,14 +126,14 @@ async def check_cards(w: WorkerUnderTest) -> None:
     directory = WorkerDirectory(w.nc.jetstream(), w.subjects)
     await directory.start()
     try:
-        deadline = time.monotonic() + 5
-        cards: list[WorkerCard] = []
-        while not cards and time.monotonic() < deadline:
-            cards = [c for c in directory.live(w.model) if c.worker_id == w.worker_id]
-            await asyncio.sleep(0.05)
+        cards = await eventually_async(
+            lambda: [c for c in directory.live(w.model) if c.worker_id == w.worker_id],
+            timeout_s=5,
+            interval_s=0.05,
+            message="the worker's card is not in the registry",
+        )
     finally:
         await directory.stop()
-    assert cards, "the worker's card is not in the registry"
     card = cards[0]
     assert card.kind == w.kind
     assert card.block_size > 0
@@ -228,10 +228,10 @@ async def check_kv_events(w: WorkerUnderTest, block_size: int) -> None:
     assert out.failed is None
     expected = prefix_hashes(tokens, block_size)
     js = w.nc.jetstream()
-    stored: list[int] = []
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        stored = []
+
+    async def stored() -> list[int]:
+        """The hashes of every block the worker has announced on the KV stream so far."""
+        hashes: list[int] = []
         info = await js.stream_info(w.subjects.kv_stream)
         for seq in range(max(1, info.state.first_seq), info.state.last_seq + 1):
             msg = await js.get_msg(w.subjects.kv_stream, seq)
@@ -240,14 +240,18 @@ async def check_kv_events(w: WorkerUnderTest, block_size: int) -> None:
                 continue
             for event in batch.events:
                 if isinstance(event, BlockStored):
-                    stored.extend(event.block_hashes)
-        if not w.has_kv_events or set(expected) <= set(stored):
-            break
-        await asyncio.sleep(0.1)
+                    hashes.extend(event.block_hashes)
+        return hashes
+
+    async def all_stored() -> bool:
+        return set(expected) <= set(await stored())
+
     if w.has_kv_events:
-        assert set(expected) <= set(stored)
+        await eventually_awaited(
+            all_stored, timeout_s=5, interval_s=0.1, message="the prompt's blocks were not stored"
+        )
     else:
-        assert not stored
+        assert not await stored()
 
 
 CHECKS = {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from services.cli.stack import Stack, StackConfig, StackError
 from shared.bus_permissions import inbox_prefix
 from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
 from shared.subjects import Subjects
-from tests.support import nats_server_binary
+from tests.support import eventually, eventually_awaited, nats_server_binary
 
 MODEL = DEFAULT_MODEL_NAME
 TENSOR_MODEL = "echo"
@@ -57,7 +56,7 @@ def start_stack(
         stack.start(ready_timeout_s=ready_timeout_s)
         # /health turns ready with the first live worker; tests that count workers need all.
         asyncio.run(_wait_for_workers(stack, config.workers, timeout_s=30))
-    except (StackError, TimeoutError) as exc:
+    except (StackError, TimeoutError, AssertionError) as exc:
         logs = "\n".join(f"--- {c.name}\n{c.tail(40)}" for c in stack.children)
         stack.stop()
         pytest.fail(f"stack did not start: {exc}\n{logs}")
@@ -84,14 +83,19 @@ async def _wait_for_workers(stack: Stack, count: int, timeout_s: float) -> None:
     nc = await nats.connect(stack.nats_url, **keys)
     try:
         bucket = Subjects(stack.config.namespace).workers_bucket
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        async def registered() -> bool:
             with contextlib.suppress(Exception):  # the bucket may not exist yet
                 kv = await nc.jetstream().key_value(bucket)
-                if len(await kv.keys()) >= count:
-                    return
-            await asyncio.sleep(0.1)
-        raise TimeoutError(f"fewer than {count} workers registered after {timeout_s}s")
+                return len(await kv.keys()) >= count
+            return False
+
+        await eventually_awaited(
+            registered,
+            timeout_s=timeout_s,
+            interval_s=0.1,
+            message=f"fewer than {count} workers registered",
+        )
     finally:
         await nc.close()
 
@@ -150,15 +154,20 @@ def _wait_for_models(stack: Stack, models: list[str], timeout_s: float) -> None:
 
     ``start_stack`` counts worker cards, and an echo tensor worker's card counts too.
     """
-    deadline = time.monotonic() + timeout_s
     live: list[str] = []
-    while time.monotonic() < deadline:
+
+    def all_live() -> bool:
+        nonlocal live
         with contextlib.suppress(httpx.HTTPError, ValueError):
             live = httpx.get(f"{stack.base_url}/health", timeout=2).json().get("models", [])
-            if set(models) <= set(live):
-                return
-        time.sleep(0.1)
-    pytest.fail(f"the gateway lists {live} after {timeout_s}s, not all of {models}")
+        return set(models) <= set(live)
+
+    eventually(
+        all_live,
+        timeout_s=timeout_s,
+        interval_s=0.1,
+        message=lambda: f"the gateway lists {live}, not all of {models}",
+    )
 
 
 @pytest.fixture

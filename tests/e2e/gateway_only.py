@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support import free_port, nats_server
+from tests.support import eventually, free_port, nats_server
 
 UNKNOWN_MODEL = "no-such-model"
 
@@ -56,14 +55,17 @@ def gateway_process(run_dir: Path, *args: str) -> Iterator[GatewayProcess]:
 
 
 def _wait_live(gateway: GatewayProcess, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def live() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"the gateway exited ({proc.returncode}):\n{gateway.tail()}")
         try:
-            if httpx.get(f"{gateway.base_url}/live", timeout=1).status_code == 200:
-                return
+            return httpx.get(f"{gateway.base_url}/live", timeout=1).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"the gateway did not answer /live:\n{gateway.tail()}")
+            return False
+
+    eventually(
+        live,
+        timeout_s=30,
+        interval_s=0.1,
+        message=lambda: f"the gateway did not answer /live:\n{gateway.tail()}",
+    )

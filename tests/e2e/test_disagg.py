@@ -29,6 +29,7 @@ from shared import codec
 from shared.messages import Generate, RouteDecision, WorkerCard
 from shared.subjects import Subjects
 from tests.e2e.conftest import MODEL, _wait_for_workers, start_stack
+from tests.support import eventually_async, eventually_awaited
 
 pytestmark = pytest.mark.e2e
 
@@ -57,7 +58,7 @@ def _p_d_stack(run_dir: Path, model_dir: Path, **overrides: Any) -> Stack:
     stack = start_stack(run_dir, model_dir, workers=0, router_mode="kv", **overrides)
     try:
         asyncio.run(_wait_for_workers(stack, count, timeout_s=30))
-    except TimeoutError:
+    except (TimeoutError, AssertionError):
         stack.stop()
         raise
     return stack
@@ -93,18 +94,20 @@ async def _cards(stack: Stack) -> dict[str, WorkerCard]:
     nc = await nats.connect(stack.nats_url)
     try:
         kv = await nc.jetstream().key_value(Subjects(stack.config.namespace).workers_bucket)
-        for _ in range(50):
+
+        async def listed() -> dict[str, WorkerCard]:
+            cards: dict[str, WorkerCard] = {}
             with contextlib.suppress(nats.js.errors.NoKeysError):
-                cards = {}
                 for key in await kv.keys():
                     entry = await kv.get(key)
                     if entry.value:
                         card = codec.decode(entry.value, WorkerCard)
                         cards[card.worker_id] = card
-                if cards:
-                    return cards
-            await asyncio.sleep(0.1)
-        raise AssertionError("no worker card in the registry")
+            return cards
+
+        return await eventually_awaited(
+            listed, timeout_s=5, interval_s=0.1, message="no worker card in the registry"
+        )
     finally:
         await nc.close()
 
@@ -199,10 +202,12 @@ class TestBothPhases:
                     max_tokens=2,  # type: ignore[arg-type]
                 )
             await nc.flush()
-            for _ in range(50):
-                if len(decisions) >= 2:
-                    break
-                await asyncio.sleep(0.1)
+            await eventually_async(
+                lambda: len(decisions) >= 2,
+                timeout_s=5,
+                interval_s=0.1,
+                message="fewer than two routing decisions",
+            )
         finally:
             await nc.close()
         long, short = decisions[:2]

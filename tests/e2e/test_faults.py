@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -16,6 +15,7 @@ import pytest
 
 from services.cli.stack import Stack
 from tests.e2e.conftest import MODEL, start_stack
+from tests.support import eventually_async, eventually_awaited
 
 CHAT = [{"role": "user", "content": "hello"}]
 REQUEST_TIMEOUT_S = 3.0
@@ -79,7 +79,7 @@ async def test_killed_last_worker_disappears_and_requests_get_503(fault_stack: S
     client = _client(fault_stack)
     assert [m.id for m in (await client.models.list()).data] == [MODEL]
     os.kill(_child(fault_stack, "mocker"), signal.SIGKILL)  # no chance to deregister
-    assert await _models_become_empty(client, timeout_s=HANG_S)  # TTL 2 s
+    await _until_no_models(client, timeout_s=HANG_S)  # TTL 2 s
     async with httpx.AsyncClient(base_url=fault_stack.base_url, timeout=10) as http:
         resp = await http.post(
             "/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "max_tokens": 2}
@@ -111,27 +111,30 @@ async def test_client_disconnect_cancels_the_request_at_the_worker(fault_stack: 
             if seen >= 3:
                 break
     mocker_log = fault_stack.run_dir / "mocker-0.log"
-    deadline = time.monotonic() + HANG_S
-    while time.monotonic() < deadline:
+
+    def cancels() -> list[dict[str, object]]:
         events = [_event(line) for line in mocker_log.read_text().splitlines()]
-        hits = [
+        return [
             e
             for e in events
-            if e.get("request_id") == request_id and "cancel" in e.get("event", "")
+            if e.get("request_id") == request_id and "cancel" in str(e.get("event", ""))
         ]
-        if hits:
-            break
-        await asyncio.sleep(0.1)
-    assert hits, f"the worker never logged a cancel for {request_id}"
+
+    await eventually_async(
+        cancels,
+        timeout_s=HANG_S,
+        interval_s=0.1,
+        message=f"the worker never logged a cancel for {request_id}",
+    )
 
 
-async def _models_become_empty(client: openai.AsyncOpenAI, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not (await client.models.list()).data:
-            return True
-        await asyncio.sleep(0.2)
-    return False
+async def _until_no_models(client: openai.AsyncOpenAI, timeout_s: float) -> None:
+    async def empty() -> bool:
+        return not (await client.models.list()).data
+
+    await eventually_awaited(
+        empty, timeout_s=timeout_s, interval_s=0.2, message="/v1/models still lists a model"
+    )
 
 
 def _event(line: str) -> dict[str, object]:

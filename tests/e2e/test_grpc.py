@@ -16,7 +16,6 @@ import select
 import subprocess
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -35,6 +34,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (  # ty
 
 from services.cli.stack import Stack
 from tests.e2e.conftest import MODEL, TENSOR_MODEL, running_stack
+from tests.support import eventually
 
 if __name__ == "__main__":  # the client process only (see the module docstring)
     import tritonclient.grpc as grpcclient
@@ -581,8 +581,8 @@ def test_a_model_infer_past_its_deadline_is_cancelled_at_the_worker(
 
 def _wait_for_log_event(path: Path, match: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
     """The first JSON log line of ``path`` that ``match`` accepts (polled up to ``WAIT_S``)."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
+
+    def first_match() -> dict[str, Any] | None:
         for line in path.read_text(errors="replace").splitlines():
             try:
                 event = json.loads(line)
@@ -590,9 +590,14 @@ def _wait_for_log_event(path: Path, match: Callable[[dict[str, Any]], bool]) -> 
                 continue
             if isinstance(event, dict) and match(event):
                 return event
-        if time.monotonic() > deadline:
-            pytest.fail(f"no such event in {path.name}:\n{path.read_text()[-3000:]}")
-        time.sleep(0.1)
+        return None
+
+    return eventually(
+        first_match,
+        timeout_s=WAIT_S,
+        interval_s=0.1,
+        message=lambda: f"no such event in {path.name}:\n{path.read_text()[-3000:]}",
+    )
 
 
 # --- grpc.health.v1 and server reflection (no inference.* types needed: in this process) ---------

@@ -38,6 +38,7 @@ from tests.integration.http2_support import (
     frame,
     raw_client,
 )
+from tests.support import eventually_awaited
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -332,14 +333,19 @@ async def test_a_window_update_flood_over_stalled_answers_ends_in_goaway(stack: 
 async def _until_in_flight(stack: Stack, holds: Callable[[float], bool]) -> None:
     """Poll ``jetserve_gateway_concurrent_requests`` until ``holds(value)``."""
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=PROBE_TIMEOUT_S) as http:
-        async with asyncio.timeout(WAIT_S):
-            while True:
-                text = (await http.get("/metrics")).text
-                found = re.search(r"^jetserve_gateway_concurrent_requests (\S+)$", text, re.M)
-                assert found, "no jetserve_gateway_concurrent_requests in /metrics"
-                if holds(float(found.group(1))):
-                    return
-                await asyncio.sleep(0.05)
+
+        async def holding() -> bool:
+            text = (await http.get("/metrics")).text
+            found = re.search(r"^jetserve_gateway_concurrent_requests (\S+)$", text, re.M)
+            assert found, "no jetserve_gateway_concurrent_requests in /metrics"
+            return holds(float(found.group(1)))
+
+        await eventually_awaited(
+            holding,
+            timeout_s=WAIT_S,
+            interval_s=0.05,
+            message="jetserve_gateway_concurrent_requests never reached the expected value",
+        )
 
 
 # --- deadlines ----------------------------------------------------------------------------------

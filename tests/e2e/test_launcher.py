@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -34,7 +33,7 @@ from shared.kserve import grpc_service_pb2_grpc as pb_grpc
 from shared.messages import WorkerCard
 from shared.subjects import Subjects
 from tests.e2e.conftest import MODEL, TENSOR_MODEL
-from tests.support import nats_server
+from tests.support import eventually, eventually_awaited, nats_server
 from tests.unit.test_media_png import decode
 
 API_KEY = "sesame"
@@ -128,10 +127,12 @@ def test_up_serves_and_sigterm_stops_every_process_and_removes_its_run_dir(
         assert b"--router-mode\0kv" in router_cmdline.read_bytes()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-        deadline = time.monotonic() + 5
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert [p for p in pids if _alive(p)] == []
+        eventually(
+            lambda: not any(_alive(p) for p in pids),
+            timeout_s=5,
+            interval_s=0.05,
+            message=lambda: f"still alive after SIGTERM: {[p for p in pids if _alive(p)]}",
+        )
         assert not run_dir.exists()
     finally:
         if proc.poll() is None:
@@ -155,22 +156,26 @@ def test_up_restarts_a_killed_mocker_and_goes_on_serving(tmp_path: Path, model_d
         killed = int(pid_file.read_text())
         others = {p.name: int(p.read_text()) for p in run_dir.glob("*.pid") if p != pid_file}
         os.kill(killed, signal.SIGKILL)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            fresh = int(pid_file.read_text())
-            if fresh != killed and _alive(fresh):
-                break
-            time.sleep(0.1)
-        assert fresh != killed, "mocker-0 was not started again"
-        assert _alive(fresh)
+
+        def restarted() -> int | None:
+            pid = int(pid_file.read_text())
+            return pid if pid != killed and _alive(pid) else None
+
+        fresh = eventually(
+            restarted, timeout_s=15, interval_s=0.1, message="mocker-0 was not started again"
+        )
         assert all(_alive(pid) for pid in others.values()), others
         log = (run_dir / "mocker-0.log").read_text()
         assert "jetserve up: mocker-0 exited with code -9; restart 1 in" in log
         assert f"jetserve up: mocker-0 restarted (pid {fresh})" in log
-        deadline = time.monotonic() + 15  # it says so once the new mocker has started
-        while "mocker-0 ready again after" not in log and time.monotonic() < deadline:
-            time.sleep(0.1)
-            log = (run_dir / "mocker-0.log").read_text()
+
+        def said_ready() -> str | None:
+            text = (run_dir / "mocker-0.log").read_text()
+            return text if "mocker-0 ready again after" in text else None
+
+        log = eventually(  # it says so once the new mocker has started
+            said_ready, timeout_s=15, interval_s=0.1, message="mocker-0 never said ready again"
+        )
         assert re.search(r"jetserve up: mocker-0 ready again after \d+\.\ds", log), log[-2000:]
         for _ in range(6):
             resp = httpx.post(
@@ -239,10 +244,12 @@ def _serve_replicas(proc: subprocess.Popen[str], run_dir: Path, nats_url: str) -
         assert resp.status_code == 200, resp.text
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
-    deadline = time.monotonic() + 5
-    while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert [name for name, p in pids.items() if _alive(p)] == []
+    eventually(
+        lambda: not any(_alive(p) for p in pids.values()),
+        timeout_s=5,
+        interval_s=0.05,
+        message=lambda: f"still alive after SIGTERM: {[n for n, p in pids.items() if _alive(p)]}",
+    )
 
 
 async def _worker_cards(
@@ -254,16 +261,21 @@ async def _worker_cards(
     nc = await nats.connect(nats_url, allow_reconnect=False, **keys)
     try:
         kv = await nc.jetstream().key_value(Subjects(namespace).workers_bucket)
-        deadline = time.monotonic() + 15
-        while True:
+
+        async def listed() -> list[WorkerCard] | None:
             cards = []
             for key in await kv.keys():
                 entry = await kv.get(key)
                 if entry.value:
                     cards.append(codec.decode(entry.value, WorkerCard))
-            if len(cards) >= at_least or time.monotonic() > deadline:
-                return cards
-            await asyncio.sleep(0.1)
+            return cards if len(cards) >= at_least else None
+
+        return await eventually_awaited(
+            listed,
+            timeout_s=15,
+            interval_s=0.1,
+            message=f"fewer than {at_least} worker cards in {namespace}",
+        )
     finally:
         await nc.close()
 

@@ -4,7 +4,6 @@ NATS node), then stops the request; whoever is left tells the client with a type
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -18,6 +17,7 @@ import pytest
 from services.cli.stack import Stack
 from services.formatter.recovery import GATEWAY_GRACE_S
 from tests.e2e.conftest import MODEL, running_stack
+from tests.support import eventually_async
 
 BODY = {
     "model": MODEL,
@@ -56,12 +56,12 @@ def _logged(stack: Stack, log: str, request_id: str, event: str) -> bool:
 
 async def _until_logged(stack: Stack, log: str, request_id: str, event: str) -> float:
     """When (``time.monotonic()``) ``log`` was first seen holding ``event`` for the request."""
-    started = time.monotonic()
-    while time.monotonic() - started < HANG_S:
-        if _logged(stack, log, request_id, event):
-            return time.monotonic()
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{log} never logged {event} for {request_id}")
+    return await eventually_async(
+        lambda: _logged(stack, log, request_id, event) and time.monotonic(),
+        timeout_s=HANG_S,
+        interval_s=0.05,
+        message=f"{log} never logged {event} for {request_id}",
+    )
 
 
 async def test_a_dead_formatter_ends_the_stream_with_a_typed_error(hop_stack: Stack) -> None:

@@ -22,6 +22,7 @@ from shared import codec
 from shared.messages import Migrated, RouteDecision
 from shared.subjects import Subjects
 from tests.e2e.conftest import MODEL, running_stack
+from tests.support import eventually_async
 
 CHAT = [{"role": "user", "content": "Tell me about the river town."}]
 MAX_TOKENS = 120
@@ -128,11 +129,9 @@ async def test_a_stream_whose_worker_is_killed_goes_on_with_the_same_text(
         reference_usage.completion_tokens,
     )
     assert reference_usage.completion_tokens == MAX_TOKENS
-    for _ in range(50):
-        if bus.migrations:
-            break
-        await asyncio.sleep(0.1)
-    [migrated] = bus.migrations
+    [migrated] = await eventually_async(
+        lambda: bus.migrations, timeout_s=5, interval_s=0.1, message="no Migrated on the bus"
+    )
     assert (migrated.request_id, migrated.kind, migrated.attempt) == ("migrated-1", "ongoing", 1)
     assert 0 < migrated.generated_tokens < MAX_TOKENS
     assert migrated.from_worker == bus.decisions["migrated-1"]
@@ -153,11 +152,11 @@ async def test_a_non_streamed_request_whose_worker_is_killed_completes_the_same(
                 )
             )
             if kill:
-                for _ in range(100):
-                    if request_id in bus.decisions:
-                        break
-                    await asyncio.sleep(0.02)
-                await asyncio.sleep(0.5)  # generating by now
+                await eventually_async(
+                    lambda: request_id in bus.decisions,
+                    message=f"no routing decision for {request_id}",
+                )
+                await asyncio.sleep(0.5)  # into the generation (either kind of migration will do)
                 os.kill(_worker_pids(slow_stack)[bus.decisions[request_id]], signal.SIGKILL)
             return await call
 

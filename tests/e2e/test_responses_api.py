@@ -108,8 +108,7 @@ async def test_a_required_function_tool_is_called_in_both_modes(
     }
     resp = await client.responses.create(**kwargs)
     calls = [item for item in resp.output if item.type == "function_call"]
-    if not calls:
-        pytest.skip("the mocker wrote no tool call (H2's guided tool-call generation missing)")
+    assert calls, f"no function_call item for tool_choice=required: {resp.output!r}"
     assert resp.status == "completed"
     call = calls[0]
     assert call.name == "get_weather"
@@ -168,9 +167,7 @@ async def test_reasoning_comes_back_as_a_reasoning_item_first(client: openai.Asy
     }
     resp = await client.responses.create(**kwargs)
     kinds = [item.type for item in resp.output]
-    if "reasoning" not in kinds:
-        pytest.skip(f"the mocker wrote no reasoning block with thinking enabled: {kinds}")
-    assert kinds[0] == "reasoning"
+    assert kinds[:1] == ["reasoning"], kinds
     item = resp.output[0]
     assert item.type == "reasoning"
     assert item.content

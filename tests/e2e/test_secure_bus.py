@@ -31,6 +31,7 @@ from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve import grpc_service_pb2_grpc as pb_grpc
 from shared.subjects import Subjects
 from tests.e2e.conftest import MODEL, TENSOR_MODEL, running_stack
+from tests.support import eventually_async
 
 VIOLATION = "violation"
 """nats-server logs "Publish Violation"; nats-py lower-cases the whole error, subject too."""
@@ -75,12 +76,13 @@ async def refused(nc: Client, errors: list[str], subject: str) -> str:
     """Publish ``subject`` and return the server's violation for it (fails without one)."""
     await nc.publish(subject, b"forged")
     await nc.flush()
-    for _ in range(50):
-        hits = [e for e in errors if VIOLATION in e.lower() and subject.lower() in e.lower()]
-        if hits:
-            return hits[0]
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no violation for {subject}: {errors}")
+    hits = await eventually_async(
+        lambda: [e for e in errors if VIOLATION in e.lower() and subject.lower() in e.lower()],
+        timeout_s=2.5,
+        interval_s=0.05,
+        message=lambda: f"no violation for {subject}: {errors}",
+    )
+    return hits[0]
 
 
 def violations(stack: Stack) -> list[str]:
@@ -147,11 +149,12 @@ async def test_a_worker_cannot_read_the_token_streams(secure: Stack) -> None:
     async with as_user(secure, "mocker-0") as (nc, errors):
         await nc.subscribe(subjects.reply_all("*"))
         await nc.flush()
-        for _ in range(50):
-            if any("violation for subscription" in e.lower() for e in errors):
-                break
-            await asyncio.sleep(0.05)
-    assert any("violation for subscription" in e.lower() for e in errors), errors
+        await eventually_async(
+            lambda: any("violation for subscription" in e.lower() for e in errors),
+            timeout_s=2.5,
+            interval_s=0.05,
+            message=lambda: f"no subscription violation: {errors}",
+        )
 
 
 async def test_tap_reads_the_bus_and_cannot_publish(secure: Stack) -> None:

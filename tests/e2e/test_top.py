@@ -24,6 +24,7 @@ from services.cli import runrecord
 from services.cli.stack import Stack, free_port
 from services.cli.top.stats import Samples, parse
 from tests.e2e.conftest import MODEL, running_stack
+from tests.e2e.top_tables import top_tables
 
 WINDOW_S = 10.0
 """``top --once``'s window. The test's requests (about half a second's work) must all fall inside
@@ -55,27 +56,6 @@ def top_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iter
 def _scrape(url: str) -> Samples:
     with urllib.request.urlopen(url, timeout=5) as resp:
         return parse(resp.read().decode())
-
-
-def _tables(text: str) -> dict[str, list[dict[str, str]]]:
-    """``--once`` output as rows of cells by column name (cells are split on 2+ spaces)."""
-    lines = text.splitlines()
-    tables: dict[str, list[dict[str, str]]] = {}
-    for i, line in enumerate(lines):
-        if line.strip() not in {"Gateway", "Models", "Workers", "Routers"}:
-            continue
-        rest = iter(lines[i + 1 :])
-        header = next(row for row in rest if row.strip())
-        names = re.split(r"\s{2,}", header.strip())
-        rows = []
-        for row in rest:
-            if "─" in row:
-                continue
-            if not row.strip():
-                break
-            rows.append(dict(zip(names, re.split(r"\s{2,}", row.strip()), strict=True)))
-        tables[line.strip()] = rows
-    return tables
 
 
 async def _open_stream(client: openai.AsyncOpenAI, max_tokens: int) -> AsyncIterator[object]:
@@ -119,7 +99,7 @@ async def test_top_once_matches_the_stacks_own_metrics(top_stack: Stack) -> None
     await client.close()
     assert top.returncode == 0, err.decode()
     text = out.decode()
-    tables = _tables(text)
+    tables = top_tables(text)
     span_s = float(re.search(r"window (\d+\.\d)s", text).group(1))  # type: ignore[union-attr]
 
     (g,) = tables["Gateway"]

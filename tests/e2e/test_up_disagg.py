@@ -8,11 +8,9 @@ What the request path does with the roles is ``test_disagg.py``'s; this file che
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,8 @@ import httpx
 import pytest
 
 from tests.e2e.test_launcher import _start_up, _up, _up_line
+from tests.e2e.top_tables import top_tables
+from tests.support import eventually
 
 READ_TIMEOUT_S = 15.0
 """Both workers register within a moment of the line saying the stack is up."""
@@ -27,13 +27,18 @@ READ_TIMEOUT_S = 15.0
 
 def _workers_on_models(base: str) -> dict[str, Any]:
     """``/v1/models``' ``jetserve`` extension of the one model, once both workers are listed."""
-    deadline = time.monotonic() + READ_TIMEOUT_S
-    while True:
+
+    def both_listed() -> dict[str, Any] | None:
         (model,) = httpx.get(f"{base}/models", timeout=10).json()["data"]
         listed: dict[str, Any] = model["jetserve"]
-        if sum(listed["workers"].values()) >= 2 or time.monotonic() > deadline:
-            return listed
-        time.sleep(0.1)
+        return listed if sum(listed["workers"].values()) >= 2 else None
+
+    return eventually(
+        both_listed,
+        timeout_s=READ_TIMEOUT_S,
+        interval_s=0.1,
+        message="/v1/models never listed both workers",
+    )
 
 
 def _roles_in_top(run_dir: Path) -> list[str]:
@@ -46,16 +51,7 @@ def _roles_in_top(run_dir: Path) -> list[str]:
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    lines = iter(done.stdout.splitlines())
-    next(line for line in lines if line.strip() == "Workers")
-    names = re.split(r"\s{2,}", next(line for line in lines if line.strip()).strip())
-    roles = []
-    for line in lines:
-        if "─" in line:
-            continue
-        if not line.strip():
-            break
-        roles.append(dict(zip(names, re.split(r"\s{2,}", line.strip()), strict=True))["role"])
+    roles = [row["role"] for row in top_tables(done.stdout)["Workers"]]
     return sorted(roles)
 
 

@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.cli.stack import free_port
 from shared.config import REDACTED
 from tests.e2e.conftest import MODEL
+from tests.e2e.top_tables import top_tables
 
 API_KEY = "sesame"
 HANG_S = 60.0
@@ -104,13 +105,4 @@ def test_up_dumps_its_config_and_serves_metrics_under_the_prefix(
 
 def _routers(top_once: str) -> list[dict[str, str]]:
     """The rows of ``top --once``'s Routers table, as cells by column name."""
-    lines = iter(re.split(r"\nRouters *\n", top_once, maxsplit=1)[1].splitlines())
-    names = re.split(r"\s{2,}", next(line for line in lines if line.strip()).strip())
-    rows = []
-    for line in lines:
-        if "─" in line:
-            continue
-        if not line.strip():
-            break
-        rows.append(dict(zip(names, re.split(r"\s{2,}", line.strip()), strict=True)))
-    return rows
+    return top_tables(top_once).get("Routers", [])

@@ -21,6 +21,7 @@ from services.hf_worker.engine import HfEngine, HfEngineOptions
 from shared.errors import ServiceError
 from shared.messages import SamplingParams
 from shared.worker.records import Emission, EngineError, EngineInput
+from tests.support import eventually_async
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -169,10 +170,12 @@ async def test_cancel_mid_stream(engine: HfEngine) -> None:
     sink = Sink()
     engine.add(request("c1", sampling))
     runner = asyncio.create_task(engine.run(sink))
-    deadline = time.monotonic() + 30
-    while len(sink.tokens("c1")) < 3:
-        assert time.monotonic() < deadline, "no tokens came"
-        await asyncio.sleep(0.005)
+    await eventually_async(
+        lambda: len(sink.tokens("c1")) >= 3,
+        timeout_s=30,
+        interval_s=0.005,
+        message="fewer than three tokens came",
+    )
     last = engine.cancel("c1")
     assert last is not None
     assert last.finish_reason == "cancelled"

@@ -6,7 +6,6 @@ gives what the killed worker would have)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -23,6 +22,7 @@ from shared import codec
 from shared.messages import Migrated, RouteDecision
 from shared.subjects import Subjects
 from tests.engines.conftest import MODEL, hf_stack
+from tests.support import eventually_async
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -92,10 +92,13 @@ async def _stream(
             chunks += 1
             if kill_after and chunks == kill_after:
                 os.kill(_worker_pid(stack, decisions[request_id]), signal.SIGKILL)
-        for _ in range(50):
-            if not kill_after or migrations:
-                break
-            await asyncio.sleep(0.1)
+        if kill_after:
+            await eventually_async(
+                lambda: migrations,
+                timeout_s=5,
+                interval_s=0.1,
+                message="no Migrated on the bus after the worker was killed",
+            )
         return "".join(text), usage, migrations
     finally:
         await client.close()

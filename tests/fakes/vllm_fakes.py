@@ -87,6 +87,7 @@ from services.vllm_worker.kv_endpoints import KvSource, offset_endpoint
 from services.vllm_worker.remote import RemoteOptions, RemoteVllmEngine
 from services.vllm_worker.stats import SchedulerSnapshot
 from shared.worker.records import EngineFacts
+from tests.support import eventually_async
 
 __all__ = [
     "FakeAsyncLLM",
@@ -476,13 +477,6 @@ class FakeKvPublisher:
     def publish_empty(self) -> None:
         """A batch without events."""
         self.publish_raw(encode_batch([], self.layout, 0.0, self.data_parallel_rank))
-
-    def flush(self, timeout_s: float = 2.0) -> None:
-        """Wait until every queued batch went out."""
-        deadline = time.monotonic() + timeout_s
-        while not self._queue.empty() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(0.01)
 
     def shutdown(self) -> None:
         self._running = False
@@ -1005,13 +999,18 @@ class FakeVllmServer:
             lifespan="off",
             interface="asgi3",
         )
-        self._server = uvicorn.Server(config)
-        self._task = asyncio.create_task(self._server.serve())
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-            await asyncio.sleep(0.01)
-        port = self._server.servers[0].sockets[0].getsockname()[1]
+        server = self._server = uvicorn.Server(config)
+        task = self._task = asyncio.create_task(server.serve())
+
+        def started() -> bool:
+            if task.done():
+                task.result()  # it failed to start: say why
+            return server.started
+
+        await eventually_async(
+            started, interval_s=0.01, message="the fake vLLM HTTP server never started"
+        )
+        port = server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
 
     async def stop(self) -> None:
@@ -1357,12 +1356,17 @@ async def until_subscribed(
     if engine.feeds is None or publisher is None:
         return
     subscriber = engine.feeds.subscribers[rank]
-    deadline = time.monotonic() + timeout_s
-    while subscriber.received == 0:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the KV event subscriber never received a batch")
+
+    def received() -> bool:
+        """Whether a batch came; if not, one more is on its way."""
+        if subscriber.received:
+            return True
         publisher.publish_empty()
-        await asyncio.sleep(0.02)
+        return False
+
+    await eventually_async(
+        received, timeout_s=timeout_s, message="the KV event subscriber never received a batch"
+    )
 
 
 @dataclass

@@ -6,23 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import msgspec
 import uvicorn
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from services.gateway.core.bus import GatewayBus
 from services.gateway.config import GatewayConfig
+from services.gateway.core.bus import NatsBus
 from services.gateway.http.app import create_app
 from shared import codec
 from shared.messages import Preprocess, ResponseChunk, StreamHeld, StreamResume
 from shared.subjects import Subjects
-from tests.support import free_port
+from tests.support import eventually_async, eventually_awaited, free_port
 
 WAIT_S = 5.0
 
@@ -122,7 +122,7 @@ async def served_gateway(
     config: GatewayConfig, *, serve_grpc: bool = False
 ) -> AsyncIterator[Gateway]:
     """The real gateway app under uvicorn (httptools) on ``config.http_port``, in this loop."""
-    app = create_app(config, bus=GatewayBus(config), serve_grpc=serve_grpc)
+    app = create_app(config, bus=NatsBus(config), serve_grpc=serve_grpc)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -146,9 +146,18 @@ async def served_gateway(
 
 
 async def until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    """Return once ``condition()`` holds; ``TimeoutError`` naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+    """Return once ``condition()`` holds; fail naming ``what`` after ``timeout_s``."""
+    await eventually_async(
+        condition, timeout_s=timeout_s, message=f"timed out waiting for {what}", interval_s=0.01
+    )
+
+
+async def until_live(http: httpx.AsyncClient, timeout_s: float = WAIT_S) -> None:
+    """Return once the gateway's ``/health`` is 200: it sees a live worker for the model."""
+
+    async def healthy() -> bool:
+        return (await http.get("/health")).status_code == 200
+
+    await eventually_awaited(
+        healthy, timeout_s=timeout_s, message="the model never became live (/health not 200)"
+    )

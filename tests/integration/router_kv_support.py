@@ -28,6 +28,7 @@ from shared.messages import (
 )
 from shared.registry import WorkerRegistration
 from shared.subjects import Subjects
+from tests.support import eventually_async
 
 MODEL = "kv-model"
 
@@ -129,13 +130,11 @@ class EventPublisher:
         )
 
 
-async def until(predicate: Callable[[], bool], timeout_s: float = 5.0, what: str = "") -> None:
-    """Wait until ``predicate()`` holds (polling), or fail with ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what or predicate}")
-        await asyncio.sleep(0.01)
+async def until(predicate: Callable[[], bool], *, what: str, timeout_s: float = 5.0) -> None:
+    """Wait until ``predicate()`` holds (polling), or fail naming ``what``."""
+    await eventually_async(
+        predicate, timeout_s=timeout_s, message=f"timed out waiting for {what}", interval_s=0.01
+    )
 
 
 async def caught_up(router: Router, seq: int) -> None:

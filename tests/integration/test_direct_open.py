@@ -39,6 +39,7 @@ from shared.model_dir import DEFAULT_MODEL_NAME
 from shared.registry import publish_model
 from shared.subjects import Subjects
 from tests.integration.formatter_support import running_formatter
+from tests.support import eventually_async
 
 MODEL = DEFAULT_MODEL_NAME
 GATEWAY = "gw1"
@@ -146,10 +147,39 @@ async def send(nc: Client, subjects: Subjects) -> str:
     return request_id
 
 
-async def response(gateway: Subscription) -> ResponseChunk | RequestFailed:
-    msg = await gateway.next_msg(timeout=TIMEOUT_S)
+async def response(
+    gateway: Subscription, timeout_s: float = TIMEOUT_S
+) -> ResponseChunk | RequestFailed:
+    msg = await gateway.next_msg(timeout=timeout_s)
     event: GatewayEvent = codec.GATEWAY_EVENTS.decode(msg.data)
     return event
+
+
+def handled(formatter: FormatterService, kind: str) -> int:
+    """How many ``kind`` messages the formatter has handled (``jetserve_messages_total``): a
+    message is counted once its handler has returned."""
+    return formatter.metrics.handlers.labels("formatter", kind).count
+
+
+async def until_handled(formatter: FormatterService, kind: str, count: int) -> None:
+    await eventually_async(
+        lambda: handled(formatter, kind) == count,
+        timeout_s=TIMEOUT_S,
+        message=f"the formatter never handled {count} {kind} message(s)",
+    )
+
+
+async def served_directly(nc: Client, subjects: Subjects, gateway: Subscription) -> None:
+    """One request opened directly and finished: its answer comes back (and the model's
+    tokenizer is loaded from then on, so later opens are handled in their handler)."""
+    request_id = uuid.uuid4().hex
+    open_msg = stream_open(subjects, request_id)
+    await nc.publish(subjects.formatter_open_direct(FORMATTER), codec.encode(open_msg))
+    batch = TokenBatch(request_id=request_id, token_ids=(9707,), finish_reason="length")
+    await nc.publish(subjects.stream(FORMATTER, request_id), codec.encode(batch))
+    event = await response(gateway, HANDSHAKE_S)
+    assert isinstance(event, ResponseChunk)
+    assert (event.request_id, event.done) == (request_id, True)
 
 
 def stream_open(subjects: Subjects, request_id: str, **output: Any) -> StreamOpen:
@@ -187,9 +217,12 @@ async def test_second_request_opens_directly_and_completes(
     assert opened.request_id == second
 
 
-@pytest.mark.usefixtures("formatter")
 async def test_batches_before_the_open_are_delivered_when_it_comes(
-    nc: Client, subjects: Subjects, gateway: Subscription, tokenizer: Any
+    nc: Client,
+    subjects: Subjects,
+    formatter: FormatterService,
+    gateway: Subscription,
+    tokenizer: Any,
 ) -> None:
     request_id = uuid.uuid4().hex
     stream_to = subjects.stream(FORMATTER, request_id)
@@ -202,8 +235,7 @@ async def test_batches_before_the_open_are_delivered_when_it_comes(
             finish_reason="stop" if n == 1 else None,
         )
         await nc.publish(stream_to, codec.encode(batch))
-    await nc.flush()
-    await asyncio.sleep(0.05)  # the formatter has them (held) before the open
+    await until_handled(formatter, "stream", 2)  # held: the open has not come
     assert gateway.pending_msgs == 0
     open_msg = stream_open(subjects, request_id, stream=True)
     await nc.publish(subjects.formatter_open_direct(FORMATTER), codec.encode(open_msg))
@@ -220,17 +252,16 @@ async def test_batches_before_the_open_are_delivered_when_it_comes(
     assert text == "Early bird"
 
 
-@pytest.mark.usefixtures("formatter")
 async def test_failure_before_the_open_is_forwarded_when_it_comes(
-    nc: Client, subjects: Subjects, gateway: Subscription
+    nc: Client, subjects: Subjects, formatter: FormatterService, gateway: Subscription
 ) -> None:
     request_id = uuid.uuid4().hex
     failed = RequestFailed(
         request_id=request_id, code="no_worker_available", message="x", status=503
     )
     await nc.publish(subjects.stream(FORMATTER, request_id), codec.encode(failed))
-    await nc.flush()
-    await asyncio.sleep(0.05)
+    await until_handled(formatter, "stream", 1)  # held: the open has not come
+    assert gateway.pending_msgs == 0
     open_msg = stream_open(subjects, request_id)
     await nc.publish(subjects.formatter_open_direct(FORMATTER), codec.encode(open_msg))
     event = await response(gateway)
@@ -256,14 +287,13 @@ async def test_a_direct_open_that_fails_answers_the_gateway_and_cancels(
 async def test_open_after_cancel_is_ignored(
     nc: Client, subjects: Subjects, formatter: FormatterService, gateway: Subscription
 ) -> None:
+    await served_directly(nc, subjects, gateway)
     request_id = uuid.uuid4().hex
     await nc.publish(subjects.cancel, codec.encode(Cancel(request_id=request_id)))
-    await nc.flush()
-    await asyncio.sleep(0.05)
+    await until_handled(formatter, "cancel", 1)
     open_msg = stream_open(subjects, request_id)
     await nc.publish(subjects.formatter_open_direct(FORMATTER), codec.encode(open_msg))
-    await nc.flush()
-    await asyncio.sleep(0.1)
+    await until_handled(formatter, "stream_open", 2)  # the tokenizer is loaded: handled inline
     assert formatter.in_flight == 0
 
 
@@ -327,10 +357,12 @@ async def test_a_stopping_formatter_leaves_the_pool_without_failing_requests(
         assert isinstance(await response(gateway), ResponseChunk)
         assert "f2" in preprocessor.formatters
         # An open already on its way when the formatter starts leaving is still served.
+        leaving = await nc.subscribe(subjects.formatter_leaving("f2"))
+        await nc.flush()
         request_id = uuid.uuid4().hex
         open_msg = stream_open(subjects, request_id)
         stopping = asyncio.create_task(service.stop())
-        await asyncio.sleep(0.01)
+        await leaving.next_msg(timeout=TIMEOUT_S)  # it is leaving: opens still come a moment
         await nc.publish(subjects.formatter_open_direct("f2"), codec.encode(open_msg))
         batch = TokenBatch(request_id=request_id, token_ids=(9707,), finish_reason="length")
         await nc.publish(subjects.stream("f2", request_id), codec.encode(batch))

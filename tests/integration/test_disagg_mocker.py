@@ -6,10 +6,9 @@ data-parallel ranks on the wire, bad ranks, cancels, and liveness while a phase 
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -40,6 +39,7 @@ from shared.model_dir import DEFAULT_MODEL_NAME
 from shared.registry import WorkerDirectory
 from shared.subjects import Subjects
 from tests.integration.mocker_support import running_mocker
+from tests.support import eventually_async, eventually_awaited
 
 BS = 16
 PROMPT = tuple(range(100, 140))  # 40 tokens: 2 full blocks
@@ -49,23 +49,18 @@ BOUND_S = 10.0
 
 
 async def _ready(nc: Client, subjects: Subjects, worker_id: str) -> None:
-    for _ in range(200):
+    """Until the worker answers a KV dump request (its subscription is visible)."""
+
+    async def answers() -> bool:
+        request = codec.encode(KvDumpRequest(router_id="test"))
         try:
-            request = codec.encode(KvDumpRequest(router_id="test"))
             reply = await nc.request(subjects.kv_dump(worker_id), request, timeout=2)
-            codec.decode(reply.data, KvDump)
-            return
         except NoRespondersError:
-            await asyncio.sleep(0.02)
-    raise TimeoutError(f"{worker_id} never answered")
+            return False
+        codec.decode(reply.data, KvDump)
+        return True
 
-
-async def _until(predicate: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + BOUND_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met")
-        await asyncio.sleep(0.01)
+    await eventually_awaited(answers, timeout_s=BOUND_S, message=f"{worker_id} never answered")
 
 
 def _generate(subjects: Subjects, request_id: str, **fields: Any) -> Generate:
@@ -121,7 +116,11 @@ async def test_prefill_then_decode_then_release(
         directory = WorkerDirectory(nc.jetstream(), subjects, ttl_s=10.0)
         await directory.start()
         try:
-            await _until(lambda: len(directory.live(DEFAULT_MODEL_NAME)) == 2)
+            await eventually_async(
+                lambda: len(directory.live(DEFAULT_MODEL_NAME)) == 2,
+                timeout_s=BOUND_S,
+                message="the two workers' cards never showed",
+            )
             cards = {c.worker_id: c for c in directory.live(DEFAULT_MODEL_NAME)}
         finally:
             await directory.stop()
@@ -153,7 +152,11 @@ async def test_prefill_then_decode_then_release(
         assert batches[0].cached_tokens == handle.cached_tokens == 0
         release = await _next(releases, KvRelease)
         assert (release.request_id, release.pulled_blocks) == (rid, 2)
-        await _until(lambda: prefill_engine.load().kv_used_blocks == 0)  # evictable again
+        await eventually_async(  # evictable again
+            lambda: prefill_engine.load().kv_used_blocks == 0,
+            timeout_s=BOUND_S,
+            message="the prefill worker still pins the pulled blocks",
+        )
         decode_cache = decode.workers[0].engine.engine.cache  # type: ignore[attr-defined]
         assert all(h in decode_cache for h in prefix_hashes(PROMPT, BS))
         with pytest.raises(TimeoutError):
@@ -213,7 +216,11 @@ async def test_a_cancel_unpins_a_prefill(
         engine = prefill.workers[0].engine
         assert engine.load().kv_used_blocks == 2
         await nc.publish(subjects.cancel, codec.encode(Cancel(request_id="c")))
-        await _until(lambda: engine.load().kv_used_blocks == 0)
+        await eventually_async(
+            lambda: engine.load().kv_used_blocks == 0,
+            timeout_s=BOUND_S,
+            message="the cancelled prefill's blocks are still pinned",
+        )
 
 
 async def test_phases_are_held_while_they_run_and_a_cancelled_pull_releases(
@@ -242,10 +249,9 @@ async def test_phases_are_held_while_they_run_and_a_cancelled_pull_releases(
         # each at speedup 0.001, and is in the engine until the last one: held while it runs.
         slow = _generate(subjects, "slow", prefill_to=prefill_to)
         await nc.publish(subjects.generate("pw"), codec.encode(slow))
-        deadline = time.monotonic() + BOUND_S
-        while not await held("pw", "slow"):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+        await eventually_awaited(
+            lambda: held("pw", "slow"), timeout_s=BOUND_S, message="the prefill is never held"
+        )
         assert not await held("pw", "other")
         await nc.publish(subjects.cancel, codec.encode(Cancel(request_id="slow")))
         failed = await _next(answers, RequestFailed)
@@ -257,10 +263,9 @@ async def test_phases_are_held_while_they_run_and_a_cancelled_pull_releases(
         follow = _generate(subjects, "pulling", kv_transfer=handle)
         stream = await nc.subscribe(follow.stream_to)
         await nc.publish(subjects.generate("dw"), codec.encode(follow))
-        deadline = time.monotonic() + BOUND_S
-        while not await held("dw", "pulling"):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+        await eventually_awaited(
+            lambda: held("dw", "pulling"), timeout_s=BOUND_S, message="the pull is never held"
+        )
         await nc.publish(subjects.cancel, codec.encode(Cancel(request_id="pulling")))
         (ended,) = await _stream(stream)
         assert (ended.finish_reason, ended.token_ids, ended.prefill_worker_id) == (
@@ -310,7 +315,11 @@ async def test_a_cancel_during_a_prefills_last_step_answers_at_once_and_unpins(
         gen = _generate(subjects, "last", prefill_to=prefill_to)
         await nc.publish(subjects.generate("pw"), codec.encode(gen))
         engine = prefill.workers[0].engine
-        await _until(lambda: engine.load().kv_used_blocks == 2)
+        await eventually_async(
+            lambda: engine.load().kv_used_blocks == 2,
+            timeout_s=BOUND_S,
+            message="the prefill never pinned its two blocks",
+        )
         await nc.publish(subjects.cancel, codec.encode(Cancel(request_id="last")))
         failed = await _next(answers, RequestFailed)
         assert (failed.request_id, failed.code, failed.status) == ("last", "cancelled", 499)

@@ -8,7 +8,6 @@ import os
 import signal
 import struct
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ from shared.kserve import model_config_pb2 as mc
 from shared.messages import RequestFailed, Tensor, TensorInfer, TensorResult, TensorSpec
 from shared.registry import ModelFiles, WorkerDirectory
 from shared.subjects import Subjects
+from tests.support import eventually_async
 
 GATEWAY_ID = "gw1"
 TIMEOUT_S = 10.0
@@ -185,7 +185,11 @@ async def test_stop_removes_the_worker_card(nats_url: str, nc: Client, subjects:
     try:
         assert [c.worker_id for c in directory.live("echo")] == ["e1"]
         await service.stop()
-        await eventually(lambda: directory.live("echo") == [])
+        await eventually_async(
+            lambda: directory.live("echo") == [],
+            timeout_s=TIMEOUT_S,
+            message="the stopped worker's card is still live",
+        )
     finally:
         await directory.stop()
         await client.drain()
@@ -209,11 +213,19 @@ async def test_sigterm_deregisters_the_worker_process(
             start_new_session=True,
         )
     try:
-        await eventually(lambda: [c.worker_id for c in directory.live("echo")] == ["e2"])
+        await eventually_async(
+            lambda: [c.worker_id for c in directory.live("echo")] == ["e2"],
+            timeout_s=TIMEOUT_S,
+            message="the worker process never registered",
+        )
         result = await infer(nc, subjects, "e2", tensor_infer(subjects, BYTES))
         assert isinstance(result, TensorResult)
         proc.send_signal(signal.SIGTERM)
-        await eventually(lambda: directory.live("echo") == [])
+        await eventually_async(
+            lambda: directory.live("echo") == [],
+            timeout_s=TIMEOUT_S,
+            message="SIGTERM did not remove the worker's card",
+        )
         assert await asyncio.wait_for(proc.wait(), TIMEOUT_S) == 0
     finally:
         await directory.stop()
@@ -221,10 +233,3 @@ async def test_sigterm_deregisters_the_worker_process(
             proc.kill()
             await proc.wait()
             print(log_path.read_text())
-
-
-async def eventually(check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + TIMEOUT_S
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)

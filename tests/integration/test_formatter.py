@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from shared.messages import (
 from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
 from shared.registry import publish_model
 from shared.subjects import Subjects
+from tests.support import eventually_async
 
 MODEL = DEFAULT_MODEL_NAME
 GATEWAY_ID = "gw1"
@@ -146,13 +147,6 @@ def sse_objects(events: list[ResponseChunk | RequestFailed]) -> list[Any]:
     return [json.loads(f) for f in frames[:-1]]
 
 
-async def eventually(check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + TIMEOUT_S
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
 async def test_streams_sse_chat_chunks_to_the_gateway(
     nc: Client,
     subjects: Subjects,
@@ -246,7 +240,11 @@ async def test_gateway_cancel_drops_the_request(
     assert isinstance(opened, StreamOpened)
     assert formatter.in_flight == 1
     await nc.publish(subjects.cancel, codec.encode(Cancel(request_id=request_id)))
-    await eventually(lambda: formatter.in_flight == 0)
+    await eventually_async(
+        lambda: formatter.in_flight == 0,
+        timeout_s=TIMEOUT_S,
+        message="the cancelled request is still in flight",
+    )
 
 
 async def test_idle_request_times_out_with_504_and_cancel(
@@ -341,3 +339,27 @@ async def test_text_format_non_streaming_is_one_done_chunk(
         "length",
         2,
     )
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_control_characters_never_reach_the_client(
+    nc: Client,
+    subjects: Subjects,
+    formatter: FormatterService,
+    gateway: Subscription,
+    tokenizer: Any,
+    stream: bool,
+) -> None:
+    request_id, opened = await open_stream(nc, subjects, stream=stream)
+    assert isinstance(opened, StreamOpened)
+    texts = ["red\x1b[31m alert\x07", "\x00 done\ttab\r\n", "next\x7f \x85x"]
+    await send_text(nc, tokenizer, opened.stream_to, request_id, texts, "stop")
+    events = await collect(gateway)
+    if stream:
+        objects = sse_objects(events)
+        content = "".join(o["choices"][0]["delta"].get("content", "") for o in objects)
+    else:
+        [event] = events
+        assert isinstance(event, ResponseChunk)
+        content = json.loads(event.data)["choices"][0]["message"]["content"]
+    assert content == "red[31m alert done\ttab\r\nnext x"

@@ -46,8 +46,9 @@ from tests.integration.gateway_support import (
     gateway_config,
     served_gateway,
     until,
+    until_live,
 )
-from tests.support import free_port
+from tests.support import eventually_awaited, free_port
 
 MODEL = "mock-model"
 REQUEST_TIMEOUT_S = 1.0
@@ -177,7 +178,7 @@ async def ready(
     gateway: Gateway, worker: None, downstream: FakeDownstream, http: httpx.AsyncClient
 ) -> FakeDownstream:
     """A gateway that sees a live model, with the fake downstream answering."""
-    await _until_ok(http, "/health")
+    await until_live(http)
     return downstream
 
 
@@ -203,17 +204,6 @@ async def cancels(nc: Client, subjects: Subjects) -> asyncio.Queue[Cancel]:
     await nc.subscribe(subjects.cancel, cb=on_cancel)
     await nc.flush()
     return queue
-
-
-async def _until_ok(http: httpx.AsyncClient, path: str) -> httpx.Response:
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        response = await http.get(path)
-        if response.status_code == 200:
-            return response
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} still answers {response.status_code}: {response.text}")
-        await asyncio.sleep(0.02)
 
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -426,7 +416,7 @@ async def test_known_model_without_live_worker_is_503_with_retry_after(
 async def test_no_preprocessor_running_is_503(
     gateway: Gateway, worker: None, http: httpx.AsyncClient
 ) -> None:
-    await _until_ok(http, "/health")
+    await until_live(http)
     response = await http.post("/v1/chat/completions", json=CHAT)
     assert response.status_code == 503
     assert "preprocessor" in str(error_of(response)["message"])
@@ -582,14 +572,18 @@ async def test_sigterm_lets_the_in_flight_stream_finish_then_exits(
 async def _until_ok_starting(
     http: httpx.AsyncClient, path: str, proc: subprocess.Popen[bytes], log_path: Path
 ) -> None:
-    deadline = time.monotonic() + WAIT_S * 2
-    while time.monotonic() < deadline:
+    async def ok() -> bool:
         assert proc.poll() is None, _text(log_path)
         with contextlib.suppress(httpx.TransportError):
-            if (await http.get(path)).status_code == 200:
-                return
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"gateway not ready: {_text(log_path)}")
+            return (await http.get(path)).status_code == 200
+        return False
+
+    await eventually_awaited(
+        ok,
+        timeout_s=WAIT_S * 2,
+        interval_s=0.05,
+        message=lambda: f"gateway not ready: {_text(log_path)}",
+    )
 
 
 def _spawn_gateway(port: int, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:

@@ -4,9 +4,7 @@ config and input validation without a gateway restart."""
 
 from __future__ import annotations
 
-import asyncio
 import struct
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
@@ -29,6 +27,7 @@ from shared.messages import (
 from shared.registry import ModelFiles, WorkerRegistration, publish_model_card
 from shared.subjects import Subjects
 from tests.integration.gateway_support import WAIT_S, gateway_config, served_gateway
+from tests.support import eventually_awaited
 
 Stub = pb_grpc.GRPCInferenceServiceStub
 MODEL = "upgraded"
@@ -78,7 +77,9 @@ async def stub(nats_url: str, subjects: Subjects, nc: Client) -> AsyncIterator[S
             grpc.aio.insecure_channel(gateway.grpc_target) as channel,
         ):
             found = pb_grpc.GRPCInferenceServiceStub(channel)
-            await _until(lambda: _ready(found), "the model to be ready")
+            await eventually_awaited(
+                lambda: _ready(found), timeout_s=WAIT_S, message="the model never became ready"
+            )
             yield found
     finally:
         await registration.stop()
@@ -86,14 +87,6 @@ async def stub(nats_url: str, subjects: Subjects, nc: Client) -> AsyncIterator[S
 
 async def _ready(stub: Stub) -> bool:
     return bool((await stub.ModelReady(pb.ModelReadyRequest(name=MODEL))).ready)
-
-
-async def _until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def _input_names(stub: Stub) -> list[str]:
@@ -133,7 +126,9 @@ async def test_a_republished_spec_replaces_metadata_config_and_input_validation(
     async def shows_v2() -> bool:
         return await _input_names(stub) == ["IMAGE"]
 
-    await _until(shows_v2, "the gateway to show the republished inputs")
+    await eventually_awaited(
+        shows_v2, timeout_s=WAIT_S, message="the gateway never showed the republished inputs"
+    )
     config = (await stub.ModelConfig(pb.ModelConfigRequest(name=MODEL))).config
     assert [(i.name, list(i.dims)) for i in config.input] == [("IMAGE", [2])]
     assert [await _status(stub, r) for r in (V1_REQUEST, V2_REQUEST)] == [
@@ -156,6 +151,8 @@ async def test_files_watched_before_the_store_exists_read_a_republished_card(
                 found = await files.card(MODEL)
                 return found is not None and found.tensor_spec == spec
 
-            await _until(reads, "the published card")
+            await eventually_awaited(
+                reads, timeout_s=WAIT_S, message=f"the store never gave the card of {spec}"
+            )
     finally:
         await files.stop()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,9 @@ from tests.integration.gateway_support import (
     gateway_config,
     served_gateway,
     until,
+    until_live,
 )
+from tests.support import eventually_awaited
 
 MODEL = "mock-model"
 LIMIT = 2
@@ -143,10 +144,7 @@ async def ready(
     downstream = FakeDownstream(nc, subjects, holding(release))
     await downstream.start()
     async with httpx.AsyncClient(base_url=gateway.base_url, timeout=WAIT_S) as http:
-        deadline = time.monotonic() + WAIT_S
-        while (await http.get("/health")).status_code != 200:
-            assert time.monotonic() < deadline, "the model never became live"
-            await asyncio.sleep(0.02)
+        await until_live(http)
     try:
         yield downstream
     finally:
@@ -193,10 +191,10 @@ async def _metric(http: httpx.AsyncClient, name: str) -> float:
 
 
 async def _until_in_flight(http: httpx.AsyncClient, n: int) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while await _metric(http, "jetserve_gateway_concurrent_requests") != n:
-        assert time.monotonic() < deadline, f"never {n} requests in flight"
-        await asyncio.sleep(0.02)
+    async def holds() -> bool:
+        return await _metric(http, "jetserve_gateway_concurrent_requests") == n
+
+    await eventually_awaited(holds, timeout_s=WAIT_S, message=f"never {n} requests in flight")
 
 
 async def _hold_every_slot(client: openai.AsyncOpenAI) -> tuple[list[Any], list[Any]]:

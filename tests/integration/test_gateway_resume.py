@@ -41,7 +41,7 @@ from shared.messages import (
 )
 from shared.registry import WorkerRegistration, publish_model
 from shared.subjects import Subjects
-from tests.integration.gateway_support import gateway_config, served_gateway, until
+from tests.integration.gateway_support import gateway_config, served_gateway, until, until_live
 
 MODEL = "mock-model"
 TIMEOUT_S = 30.0
@@ -199,7 +199,7 @@ async def stack(
             served_gateway(config) as gateway,
             httpx.AsyncClient(base_url=gateway.base_url, timeout=TIMEOUT_S) as http,
         ):
-            await _until_healthy(http)
+            await until_live(http, WAIT_S)
             yield hop, http
     finally:
         await hop.stop()
@@ -212,13 +212,6 @@ async def served(
 ) -> AsyncIterator[tuple[FakeHop, httpx.AsyncClient]]:
     async with stack(nats_url, subjects, tmp_path) as parts:
         yield parts
-
-
-async def _until_healthy(http: httpx.AsyncClient) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while (await http.get("/health")).status_code != 200:
-        assert time.monotonic() < deadline, "the gateway never saw the model"
-        await asyncio.sleep(0.02)
 
 
 def _events(body: bytes) -> list[dict[str, object]]:
@@ -282,7 +275,7 @@ async def test_a_started_stream_nobody_holds_ends_with_formatter_lost(
         del hop.held[request.request_id]  # the formatter died with it
 
     hop.script = first_then_gone
-    await _until_healthy(http)
+    await until_live(http, WAIT_S)
     started = time.monotonic()
     with capture_logs(processors=[merge_contextvars]) as logs:
         response = await http.post("/v1/chat/completions", json={**CHAT, "stream": True})

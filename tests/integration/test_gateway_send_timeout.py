@@ -40,7 +40,9 @@ from tests.integration.gateway_support import (
     gateway_config,
     served_gateway,
     until,
+    until_live,
 )
+from tests.support import eventually_awaited
 
 MODEL = "mock-model"
 LIMIT = 3
@@ -122,10 +124,7 @@ async def serving(
     try:
         async with served_gateway(config) as gateway:
             async with httpx.AsyncClient(base_url=gateway.base_url, timeout=WAIT_S) as http:
-                deadline = time.monotonic() + WAIT_S
-                while (await http.get("/health")).status_code != 200:
-                    assert time.monotonic() < deadline, "the model never became live"
-                    await asyncio.sleep(0.02)
+                await until_live(http)
             try:
                 yield gateway, fake
             finally:
@@ -181,10 +180,11 @@ async def _metric(http: httpx.AsyncClient, name: str) -> float:
 
 async def _until_in_flight(http: httpx.AsyncClient, slots: int, what: str) -> None:
     """Poll ``jetserve_gateway_concurrent_requests`` until it is ``slots`` (``what`` fails)."""
-    deadline = time.monotonic() + WAIT_S
-    while await _metric(http, "jetserve_gateway_concurrent_requests") != slots:
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.02)
+
+    async def holds() -> bool:
+        return await _metric(http, "jetserve_gateway_concurrent_requests") == slots
+
+    await eventually_awaited(holds, timeout_s=WAIT_S, message=what)
 
 
 async def test_clients_that_stop_reading_lose_their_slots_and_connections(
@@ -247,13 +247,18 @@ async def _stop_reading_scenario(
         try:
             stalled_ids = {(await downstream.next_request()).request_id for _ in range(LIMIT)}
             # Every slot is held by a stalled stream until the send timeout frees them.
-            deadline = time.monotonic() + SEND_TIMEOUT_S + WAIT_S
             statuses: list[int] = []
-            while not statuses or statuses[-1] != 200:
-                assert time.monotonic() < deadline, f"never served again: {statuses[-5:]}"
+
+            async def served() -> bool:
                 statuses.append((await http.post("/v1/chat/completions", json=chat)).status_code)
-                if statuses[-1] != 200:
-                    await asyncio.sleep(0.05)
+                return statuses[-1] == 200
+
+            await eventually_awaited(
+                served,
+                timeout_s=SEND_TIMEOUT_S + WAIT_S,
+                interval_s=0.05,
+                message=lambda: f"never served again: {statuses[-5:]}",
+            )
             served_after = [
                 (await http.post("/v1/chat/completions", json=chat)).status_code
                 for _ in range(LIMIT + 1)

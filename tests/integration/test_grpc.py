@@ -70,7 +70,7 @@ from tests.integration.gateway_support import (
     served_gateway,
     until,
 )
-from tests.support import free_port
+from tests.support import eventually_awaited, free_port
 
 MODEL = "mock-model"
 TENSOR_MODEL = "echo"
@@ -301,11 +301,10 @@ async def cancels(nc: Client, subjects: Subjects) -> asyncio.Queue[Cancel]:
 
 
 async def _until_ready(stub: pb_grpc.GRPCInferenceServiceStub, model: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not (await stub.ModelReady(pb.ModelReadyRequest(name=model))).ready:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{model} never became ready")
-        await asyncio.sleep(0.02)
+    async def ready() -> bool:
+        return bool((await stub.ModelReady(pb.ModelReadyRequest(name=model))).ready)
+
+    await eventually_awaited(ready, timeout_s=WAIT_S, message=f"{model} never became ready")
 
 
 async def _stream(
@@ -387,17 +386,18 @@ async def test_health_is_serving_only_once_a_model_is_live(
     llm_worker: None,
 ) -> None:
     health = health_pb2_grpc.HealthStub(channel)
-    deadline = time.monotonic() + WAIT_S
-    statuses = []
-    for service in ("", SERVICE):
-        while True:
-            answer = await health.Check(health_pb2.HealthCheckRequest(service=service))
-            if answer.status == health_pb2.HealthCheckResponse.SERVING:
-                break
-            assert time.monotonic() < deadline, "never SERVING"
-            await asyncio.sleep(0.05)
-        statuses.append(answer.status)
-    assert statuses == [health_pb2.HealthCheckResponse.SERVING] * 2
+
+    async def serving(service: str) -> bool:
+        answer = await health.Check(health_pb2.HealthCheckRequest(service=service))
+        return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
+
+    for service in ("", SERVICE):  # the server's overall health, then the KServe service's
+        await eventually_awaited(
+            lambda service=service: serving(service),
+            timeout_s=WAIT_S,
+            interval_s=0.05,
+            message=f"the health of {service!r} is never SERVING",
+        )
 
 
 async def test_health_is_not_serving_without_a_live_model(
@@ -821,14 +821,18 @@ async def test_sigterm_lets_an_open_stream_finish_then_exits(
 async def _until_serving(
     stub: pb_grpc.GRPCInferenceServiceStub, proc: subprocess.Popen[bytes], log_path: Path
 ) -> None:
-    deadline = time.monotonic() + WAIT_S * 2
-    while time.monotonic() < deadline:
+    async def ready() -> bool:
         assert proc.poll() is None, _text(log_path)
         with contextlib.suppress(grpc.aio.AioRpcError):
-            if (await stub.ModelReady(pb.ModelReadyRequest(name=MODEL), timeout=1)).ready:
-                return
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"gateway not ready: {_text(log_path)}")
+            return bool((await stub.ModelReady(pb.ModelReadyRequest(name=MODEL), timeout=1)).ready)
+        return False
+
+    await eventually_awaited(
+        ready,
+        timeout_s=WAIT_S * 2,
+        interval_s=0.05,
+        message=lambda: f"gateway not ready: {_text(log_path)}",
+    )
 
 
 def _spawn_gateway(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:

@@ -14,7 +14,6 @@ import asyncio
 import json
 import struct
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from shared.messages import (
 from shared.registry import WorkerRegistration, publish_model_card
 from shared.subjects import Subjects
 from tests.integration.gateway_support import WAIT_S, Gateway, gateway_config, served_gateway
+from tests.support import eventually_awaited
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "bad-outputs"
@@ -137,11 +137,10 @@ async def worker(
 
 
 async def _until_ready(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not (await stub.ModelReady(pb.ModelReadyRequest(name=MODEL))).ready:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{MODEL} never became ready")
-        await asyncio.sleep(0.02)
+    async def ready() -> bool:
+        return bool((await stub.ModelReady(pb.ModelReadyRequest(name=MODEL))).ready)
+
+    await eventually_awaited(ready, timeout_s=WAIT_S, message=f"{MODEL} never became ready")
 
 
 async def _triton_infer(gateway: Gateway, output: str) -> dict[str, str]:

@@ -7,7 +7,6 @@ import io
 import re
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from services.cli.launcher import supervise
 from services.cli.stack import Stack, StackConfig
 from services.cli.supervisor import RestartPolicy
+from tests.support import eventually
 
 FAST = RestartPolicy(backoff_s=0.05, max_backoff_s=0.1, max_restarts=3, window_s=30.0)
 
@@ -42,9 +42,11 @@ def test_a_process_that_exits_once_is_started_again(tmp_path: Path) -> None:
     result: list[tuple[int, str]] = []
     watcher.start()
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and "restarted" not in out.getvalue():
-            time.sleep(0.05)
+        eventually(
+            lambda: "restarted" in out.getvalue(),
+            interval_s=0.05,
+            message="the launcher never restarted the process",
+        )
         child = stack.children[0]
         assert child.proc.pid != first
         assert child.proc.poll() is None

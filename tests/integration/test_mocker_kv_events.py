@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
+import contextlib
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
+from structlog.testing import capture_logs
 
 from services.mocker.service import ModelInfo
 from shared import codec
@@ -34,6 +33,7 @@ from shared.messages import (
 from shared.model_dir import DEFAULT_MODEL_NAME
 from shared.subjects import Subjects
 from tests.integration.mocker_support import running_mocker
+from tests.support import eventually_async, eventually_awaited
 
 BS = 16
 PROMPT = tuple(range(100, 140))  # 40 tokens: 2 full blocks
@@ -41,14 +41,16 @@ PROMPT = tuple(range(100, 140))  # 40 tokens: 2 full blocks
 
 async def _dump(nc: Client, subjects: Subjects, worker_id: str) -> KvDump:
     """Ask for a dump, retrying while the worker's subscription is not visible yet."""
-    for _ in range(100):
+
+    async def answer() -> KvDump | None:
+        request = codec.encode(KvDumpRequest(router_id="test"))
         try:
-            request = codec.encode(KvDumpRequest(router_id="test"))
             reply = await nc.request(subjects.kv_dump(worker_id), request, timeout=2)
-            return codec.decode(reply.data, KvDump)
         except NoRespondersError:
-            await asyncio.sleep(0.02)
-    raise TimeoutError("the worker never answered kv_dump")
+            return None
+        return codec.decode(reply.data, KvDump)
+
+    return await eventually_awaited(answer, message="the worker never answered kv_dump")
 
 
 async def _generate(
@@ -75,14 +77,6 @@ async def _generate(
     return batches
 
 
-async def _until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met")
-        await asyncio.sleep(0.01)
-
-
 async def _stream_batches(nc: Client, subjects: Subjects) -> list[KvEventBatch]:
     js = nc.jetstream()
     info = await js.stream_info(subjects.kv_stream)
@@ -102,7 +96,7 @@ async def test_kv_events_land_in_the_stream_in_order(
         for prompt in (PROMPT, PROMPT, tuple(range(500, 540))):
             await _generate(nc, subjects, "w", prompt)
         publisher = mocker.workers[0].publisher
-        await _until(lambda: len(publisher.events) == 0)
+        await eventually_async(lambda: len(publisher.events) == 0, message="KV events left unsent")
         batches = await _stream_batches(nc, subjects)
     assert [b.event_id for b in batches] == list(range(1, len(batches) + 1))
     assert {b.worker_id for b in batches} == {"w"}
@@ -137,7 +131,7 @@ async def test_kv_dump_returns_cached_blocks_as_of_the_event_id(
         await _generate(nc, subjects, "w", PROMPT, cache_salt="s")
         dump = await _dump(nc, subjects, "w")
         publisher = mocker.workers[0].publisher
-        await _until(lambda: len(publisher.events) == 0)
+        await eventually_async(lambda: len(publisher.events) == 0, message="KV events left unsent")
         batches = await _stream_batches(nc, subjects)
     assert dump.worker_id == "w"
     assert dump.event_id == batches[-1].event_id
@@ -171,7 +165,10 @@ async def test_load_and_lifecycle_are_published(
     ):
         await _dump(nc, subjects, "w")
         batches = await _generate(nc, subjects, "w", PROMPT)
-        await _until(lambda: len(phases) >= 2 and loads[-1].active == 0)
+        await eventually_async(
+            lambda: len(phases) >= 2 and loads[-1].active == 0,
+            message="no two phases and an idle load",
+        )
     await load_sub.unsubscribe()
     await phase_sub.unsubscribe()
     request_id = batches[0].request_id
@@ -218,7 +215,10 @@ async def test_restarted_worker_starts_again_with_all_blocks_cleared(
             await _dump(nc, subjects, "w")
             await _generate(nc, subjects, "w", PROMPT)
             events = mocker.workers[0].publisher.events
-            await _until(lambda events=events: len(events) == 0)  # type: ignore[misc]
+            await eventually_async(
+                lambda events=events: len(events) == 0,  # type: ignore[misc]
+                message="KV events left unsent",
+            )
     batches = await _stream_batches(nc, subjects)
     restarts = [i for i, b in enumerate(batches) if b.event_id == 1]
     assert len(restarts) == 2
@@ -239,3 +239,21 @@ async def test_ensure_kv_stream_is_idempotent_and_updates_limits(
 def test_messages_round_trip() -> None:
     batch = KvEventBatch(worker_id="w", event_id=1, events=(AllBlocksCleared(),))
     assert msgspec.msgpack.decode(codec.encode(batch), type=KvEventBatch) == batch
+
+
+async def test_an_undecodable_dump_request_is_logged_counted_and_not_answered(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    async with running_mocker(nats_url, subjects, model_info, worker_id="w") as mocker:
+        await _dump(nc, subjects, "w")  # subscribed
+        with capture_logs() as logs:
+            with contextlib.suppress(TimeoutError):
+                await nc.request(subjects.kv_dump("w"), b"\xc1 not msgpack", timeout=0.5)
+            await eventually_async(
+                lambda: any(e["event"] == "message_undecodable" for e in logs),
+                message="message_undecodable never logged",
+            )
+        metrics = mocker.metrics.service
+    (logged,) = [e for e in logs if e["event"] == "message_undecodable"]
+    assert logged["kind"] == "kv_dump_request"
+    assert metrics.errors.labels(metrics.service, "message_undecodable")._value.get() == 1

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from nats.aio.client import Client
 from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
 from shared.registry import ModelFiles, WorkerDirectory
 from shared.subjects import Subjects
+from tests.support import eventually_async
 
 MODEL = DEFAULT_MODEL_NAME
 REPO = Path(__file__).resolve().parents[2]
@@ -71,15 +71,6 @@ def start_mocker(
             print(log_path.read_text())
 
 
-async def _wait_for(predicate: Callable[[], bool], timeout_s: float = HANG_S) -> None:
-    """Until ``predicate()`` holds; raises TimeoutError after ``timeout_s``."""
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout_s:
-            raise TimeoutError("condition not met")
-        await asyncio.sleep(0.05)
-
-
 async def test_killed_mocker_card_expires_by_ttl(
     nc: Client, subjects: Subjects, start_mocker: Callable[..., subprocess.Popen[bytes]]
 ) -> None:
@@ -88,14 +79,24 @@ async def test_killed_mocker_card_expires_by_ttl(
     proc = start_mocker("k1", "--worker-ttl-s", str(ttl_s))
     await directory.start()
     try:
-        await _wait_for(lambda: MODEL in directory.models())
+        await eventually_async(
+            lambda: MODEL in directory.models(),
+            timeout_s=HANG_S,
+            interval_s=0.05,
+            message="the mocker never registered its model",
+        )
         assert [c.worker_id for c in directory.live(MODEL)] == ["k1"]
         card = await ModelFiles(nc.jetstream(), subjects).card(MODEL)
         assert card is not None
         assert card.eos_token_ids
         proc.send_signal(signal.SIGKILL)  # no chance to delete its card: only the TTL ends it
         proc.wait(timeout=HANG_S)
-        await _wait_for(lambda: not directory.live(MODEL))
+        await eventually_async(
+            lambda: not directory.live(MODEL),
+            timeout_s=HANG_S,
+            interval_s=0.05,
+            message="the killed worker's card outlived its TTL",
+        )
     finally:
         await directory.stop()
 
@@ -108,9 +109,19 @@ async def test_sigterm_deletes_the_card_at_once(
     proc = start_mocker("t1", "--worker-ttl-s", str(ttl_s))
     await directory.start()
     try:
-        await _wait_for(lambda: MODEL in directory.models())
+        await eventually_async(
+            lambda: MODEL in directory.models(),
+            timeout_s=HANG_S,
+            interval_s=0.05,
+            message="the mocker never registered its model",
+        )
         proc.send_signal(signal.SIGTERM)
-        await _wait_for(lambda: not directory.live(MODEL))
+        await eventually_async(
+            lambda: not directory.live(MODEL),
+            timeout_s=HANG_S,
+            interval_s=0.05,
+            message="SIGTERM did not remove the worker's card",
+        )
     finally:
         await directory.stop()
     assert await asyncio.to_thread(proc.wait, HANG_S) == 0

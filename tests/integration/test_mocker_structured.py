@@ -4,7 +4,6 @@ token; and its model card names the model's parsers."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import uuid
@@ -21,6 +20,7 @@ from shared.model_dir import DEFAULT_MODEL_NAME
 from shared.registry import ModelFiles
 from shared.subjects import Subjects
 from tests.integration.mocker_support import running_mocker
+from tests.support import eventually_awaited
 
 PROMPT = tuple(range(100, 140))
 WEATHER = {
@@ -40,13 +40,14 @@ WEATHER = {
 
 
 async def _ready(nc: Client, subjects: Subjects, worker_id: str) -> None:
-    for _ in range(200):
+    async def answers() -> bool:
         try:
             await nc.request(subjects.worker_ping(worker_id), b"", timeout=1)
-            return
         except NoRespondersError:
-            await asyncio.sleep(0.02)
-    raise TimeoutError("the worker never answered its ping")
+            return False
+        return True
+
+    await eventually_awaited(answers, message="the worker never answered its ping")
 
 
 async def _generate(nc: Client, subjects: Subjects, sampling: SamplingParams) -> list[TokenBatch]:

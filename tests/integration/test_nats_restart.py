@@ -30,6 +30,7 @@ from shared.messages import RouteDecision
 from shared.model_dir import DEFAULT_MODEL_NAME
 from shared.subjects import Subjects
 from tests.e2e.conftest import running_stack
+from tests.support import eventually_async, eventually_awaited
 
 MODEL = DEFAULT_MODEL_NAME
 DEADLINE_S = 20.0
@@ -103,13 +104,12 @@ class Decisions:
 
     async def of(self, request_id: str) -> RouteDecision:
         """The last decision for a request (a resubmission has a suffixed id)."""
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
-            found = [d for r, d in self.seen.items() if r.startswith(request_id)]
-            if found:
-                return max(found, key=lambda d: d.ts)
-            await asyncio.sleep(0.02)
-        raise TimeoutError(f"no routing decision for {request_id}")
+        found = await eventually_async(
+            lambda: [d for r, d in self.seen.items() if r.startswith(request_id)],
+            timeout_s=WAIT_S,
+            message=f"no routing decision for {request_id}",
+        )
+        return max(found, key=lambda d: d.ts)
 
 
 def _cached_blocks(decision: RouteDecision) -> int:
@@ -153,10 +153,16 @@ async def _chat(http: httpx.AsyncClient, content: str, *, max_tokens: int, strea
 
 async def _wait_for_workers(nc: Client, subjects: Subjects, count: int) -> None:
     kv = await nc.jetstream().key_value(subjects.workers_bucket)
-    deadline = time.monotonic() + WAIT_S * 3
-    while len(await kv.keys()) < count:
-        assert time.monotonic() < deadline, f"fewer than {count} workers registered"
-        await asyncio.sleep(0.1)
+
+    async def registered() -> bool:
+        return len(await kv.keys()) >= count
+
+    await eventually_awaited(
+        registered,
+        timeout_s=WAIT_S * 3,
+        interval_s=0.1,
+        message=f"fewer than {count} workers registered",
+    )
 
 
 async def _routed_with_cache(

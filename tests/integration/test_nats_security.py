@@ -5,10 +5,8 @@ out by the server."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ from shared.lifecycle import serving
 from shared.nats_auth import NatsAuth
 from shared.registry import WorkerDirectory
 from shared.subjects import Subjects
-from tests.support import free_port, nats_server_binary, wait_for_port
+from tests.support import eventually_async, free_port, nats_server_binary, wait_for_port
 
 USER, PASSWORD = "svc", "s3cret-pass"
 
@@ -164,9 +162,11 @@ async def test_a_worker_registers_through_the_settings(
         directory = WorkerDirectory(nc.jetstream(), Subjects(namespace))
         await directory.start()
         try:
-            deadline = time.monotonic() + 10
-            while not directory.models() and time.monotonic() < deadline:  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
+            await eventually_async(
+                directory.models,
+                interval_s=0.05,
+                message="the worker's card never reached a reader over TLS",
+            )
             assert [c.worker_id for c in directory.live(config.model_name)] == ["tls-worker"]
         finally:
             await directory.stop()

@@ -8,7 +8,6 @@ The full stack (router, prefill and decode mockers) is ``tests/e2e/test_disagg.p
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -37,7 +36,7 @@ from shared.model_dir import DEFAULT_MODEL_NAME
 from shared.registry import WorkerRegistration, publish_model
 from shared.subjects import Subjects
 from tests.integration.formatter_support import running_formatter
-from tests.integration.gateway_support import Gateway, gateway_config, served_gateway
+from tests.integration.gateway_support import Gateway, gateway_config, served_gateway, until_live
 
 MODEL = DEFAULT_MODEL_NAME
 TIMEOUT_S = 30.0
@@ -139,18 +138,10 @@ async def stack(
             served_gateway(gateway) as served,
         ):
             async with httpx.AsyncClient(base_url=served.base_url, timeout=TIMEOUT_S) as http:
-                await _until_live(http)
+                await until_live(http, timeout_s=10)
             yield served
     finally:
         await registration.stop()
-
-
-async def _until_live(http: httpx.AsyncClient) -> None:
-    for _ in range(500):
-        if (await http.get("/health")).status_code == 200:
-            return
-        await asyncio.sleep(0.02)
-    raise TimeoutError("the gateway never saw the model live")
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import asyncio
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from structlog.testing import capture_logs
 
 from services.router.sync import KvSync
 from shared import codec
@@ -153,3 +154,21 @@ async def test_router_index_equals_a_pure_replay_of_the_stream(
         )
         expected.on_batch(batch)
     assert live == expected.index.state()
+
+
+async def test_an_undecodable_batch_is_logged_counted_and_skipped(
+    nats_url: str, subjects: Subjects, nc: Client
+) -> None:
+    events = EventPublisher(nc, subjects)
+    await events.ensure_stream()
+    async with fake_workers(nc, subjects, "w1"), running_router(nats_url, subjects) as router:
+        with capture_logs() as logs:
+            ack = await nc.jetstream().publish(subjects.kv_events("w1"), b"\xc1 not msgpack")
+            await caught_up(router, ack.seq)
+        await events.store("w1", H[:2])  # the feed goes on
+        await caught_up(router, events.last_seq)
+        assert router.core.sync.index.find_matches(H) == {"w1": 2}
+    (logged,) = [e for e in logs if e["event"] == "message_undecodable"]
+    assert (logged["kind"], logged["seq"]) == ("kv_event_batch", ack.seq)
+    errors = router.metrics.base.errors.labels("router", "message_undecodable")
+    assert errors._value.get() == 1

@@ -55,7 +55,7 @@ async def test_two_replicas_route_the_same_requests_identically(
             def both_count(rid: str = gen.request_id) -> bool:
                 return rid in a.core.load and rid in b.core.load
 
-            await until(both_count)
+            await until(both_count, what=f"both replicas to count {gen.request_id}")
             if i % 4 == 3:  # some requests finish, some are cancelled
                 await nc.publish(
                     subjects.lifecycle("w1"),

@@ -35,6 +35,7 @@ from shared.messages import (
 from shared.model_dir import DEFAULT_MODEL_NAME
 from shared.subjects import Subjects
 from tests.integration import mocker_support
+from tests.support import eventually_async, eventually_awaited
 
 MODEL = DEFAULT_MODEL_NAME
 PROMPT = tuple(range(100, 140))
@@ -80,22 +81,21 @@ async def _until_answered(nats_url: str, subject: str, subjects: Subjects) -> No
     subscription's flush returned, so a test waits for an answer rather than trusting start().
     """
     nc = await connect(nats_url, name="test-probe")
+
+    async def answered() -> bool:
+        async with Stream(nc, subjects) as probe:
+            gen = Generate(
+                request_id=probe.request_id,
+                model="probe-model-without-workers",
+                token_ids=(1,),
+                sampling=SamplingParams(max_tokens=1),
+                stream_to=probe.subject,
+            )
+            await nc.publish(subject, codec.encode(gen), reply=probe.subject)
+            return no_responders(await probe.raw()) is None
+
     try:
-        for _ in range(100):
-            async with Stream(nc, subjects) as probe:
-                gen = Generate(
-                    request_id=probe.request_id,
-                    model="probe-model-without-workers",
-                    token_ids=(1,),
-                    sampling=SamplingParams(max_tokens=1),
-                    stream_to=probe.subject,
-                )
-                await nc.publish(subject, codec.encode(gen), reply=probe.subject)
-                msg = await probe.raw()
-                if no_responders(msg) is None:
-                    return
-            await asyncio.sleep(0.01)
-        raise TimeoutError(f"nobody answers on {subject}")
+        await eventually_awaited(answered, interval_s=0.01, message=f"nobody answers on {subject}")
     finally:
         await nc.drain()
 
@@ -460,16 +460,23 @@ async def test_a_killed_worker_is_lost_and_its_requests_named(
         *cmd, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
     )
     try:
-        for _ in range(300):  # a new process: imports, model files, registration
+
+        async def pongs() -> bool:
             with contextlib.suppress(nats.errors.Error):
                 await nc.request(subjects.worker_ping("doomed"), b"", timeout=1)
-                break
-            await asyncio.sleep(0.1)
+                return True
+            return False
+
+        await eventually_awaited(  # a new process: imports, model files, registration
+            pongs, timeout_s=HANG_S, interval_s=0.1, message="the worker never answered a ping"
+        )
         async with running_router(nats_url, subjects) as router, Stream(nc, subjects) as stream:
-            for _ in range(600):  # the router learns the card from its registry watch
-                if router.live(MODEL):
-                    break
-                await asyncio.sleep(0.05)
+            await eventually_async(  # the router learns the card from its registry watch
+                lambda: router.live(MODEL),
+                timeout_s=HANG_S,
+                interval_s=0.05,
+                message="the router never saw the worker live",
+            )
             await _generate(nc, subjects, stream, max_tokens=5000, ignore_eos=True)
             assert isinstance(await stream.next(), TokenBatch)
             worker.kill()

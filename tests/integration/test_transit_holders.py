@@ -42,6 +42,7 @@ from shared.registry import publish_model
 from shared.subjects import Subjects
 from shared.worker.grace import FORMATTER_GRACE_S
 from tests.integration.test_router_mocker import MODEL, PROMPT, Stream, running_mocker
+from tests.support import eventually_async, eventually_awaited
 
 WORKER = "w"
 GATEWAY = "g1"
@@ -85,19 +86,18 @@ async def _is_held(nc: Client, subjects: Subjects, request_id: str, attempt: int
 
 async def _until_held(nc: Client, subjects: Subjects, request_id: str, attempt: int = 0) -> None:
     """The worker admits a Generate a moment after it was published."""
-    for _ in range(100):
-        if await _is_held(nc, subjects, request_id, attempt):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{request_id} was never held")
+    await eventually_awaited(
+        lambda: _is_held(nc, subjects, request_id, attempt),
+        message=f"{request_id} was never held",
+    )
 
 
 async def _until_logged(logs: list[MutableMapping[str, Any]], event: str, request_id: str) -> None:
-    for _ in range(250):
-        if any(e["event"] == event and e.get("request_id") == request_id for e in logs):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{event} was never logged for {request_id}")
+    await eventually_async(
+        lambda: any(e["event"] == event and e.get("request_id") == request_id for e in logs),
+        timeout_s=5,
+        message=f"{event} was never logged for {request_id}",
+    )
 
 
 @pytest.fixture

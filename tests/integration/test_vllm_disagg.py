@@ -34,7 +34,8 @@ from tests.fakes.vllm_fakes import (
     inprocess_engine,
     until_subscribed,
 )
-from tests.integration.test_vllm_worker import expected_tokens, run_one, until
+from tests.integration.test_vllm_worker import expected_tokens, run_one
+from tests.support import eventually_async
 
 BS = 16
 PROMPT = tuple(range(100, 140))  # 40 tokens: 3 blocks (2 full)
@@ -137,7 +138,10 @@ async def test_prefill_then_decode_pass_params_as_vllms_proxy(make_stack: StackF
         assert dec.failed == []
         assert dec.tokens("r1") == expected_tokens(PROMPT, 30)  # as aggregated
         # the decode worker reports the blocks it now holds
-        await until(lambda: len(stored_hashes(decode.engine.kv_events)) >= 2)
+        await eventually_async(
+            lambda: len(stored_hashes(decode.engine.kv_events)) >= 2,
+            message="the decode worker stored fewer than two blocks",
+        )
         assert stored_hashes(decode.engine.take_kv_events())[:2] == prefix_hashes(PROMPT, BS)
 
 
@@ -219,14 +223,20 @@ async def test_in_process_ranks_get_their_requests_and_name_their_events() -> No
         assert sink.tokens("a") == expected_tokens(PROMPT, 2)
         assert llm.dp_ranks == [1]
         assert [len(rank.requests) for rank in llm.ranks] == [0, 1]
-        await until(lambda: len(stored_hashes(engine.kv_events)) >= 2)
+        await eventually_async(
+            lambda: len(stored_hashes(engine.kv_events)) >= 2,
+            message="fewer than two stored blocks",
+        )
         events = engine.take_kv_events()
         assert {e.dp_rank for e in events} == {1}
         assert stored_hashes(events)[:2] == prefix_hashes(PROMPT, BS)
 
         await run_one(stack, phase_request("b", "both", dp_rank=0, max_tokens=2))
         assert llm.dp_ranks == [1, 0]
-        await until(lambda: len(stored_hashes(engine.kv_events)) >= 2)
+        await eventually_async(
+            lambda: len(stored_hashes(engine.kv_events)) >= 2,
+            message="fewer than two stored blocks",
+        )
         assert {e.dp_rank for e in engine.take_kv_events()} == {0}
 
         dumped = engine.kv_dump(with_tokens=False)
@@ -273,7 +283,10 @@ async def test_remote_ranks_go_in_the_header_and_events_come_per_rank() -> None:
         assert sink.tokens("a") == expected_tokens(PROMPT, 2)
         assert server.headers[-1]["x-data-parallel-rank"] == "1"
         assert llm.dp_ranks == [1]
-        await until(lambda: len(stored_hashes(engine.kv_events)) >= 2)
+        await eventually_async(
+            lambda: len(stored_hashes(engine.kv_events)) >= 2,
+            message="fewer than two stored blocks",
+        )
         events = engine.take_kv_events()
         assert {e.dp_rank for e in events} == {1}
         assert stored_hashes(events)[:2] == prefix_hashes(PROMPT, BS)

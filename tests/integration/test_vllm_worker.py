@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import socket
-import time
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -18,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from services.vllm_worker.config import VllmWorkerConfig
 from services.vllm_worker.kv_relay import KvRelay
@@ -57,6 +57,7 @@ from tests.fakes.vllm_fakes import (
     inprocess_engine,
     remote_engine,
 )
+from tests.support import eventually_async, eventually_awaited
 
 BS = 16
 PROMPT = tuple(range(100, 140))  # 40 tokens: 2 full blocks
@@ -125,14 +126,6 @@ async def run_one(stack: FakeStack, req: EngineInput) -> Sink:
     return sink
 
 
-async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met")
-        await asyncio.sleep(0.01)
-
-
 def expected_tokens(
     prompt: tuple[int, ...], count: int, choice: int = 0, seed: int | None = None
 ) -> list[int]:
@@ -197,14 +190,19 @@ async def test_cancel_stops_the_request_in_the_engine(make_stack: StackFactory) 
         sink = Sink()
         stack.engine.add(request(max_tokens=10_000))
         runner = asyncio.create_task(stack.engine.run(sink))
-        await until(lambda: len(sink.emissions) >= 2)
+        await eventually_async(lambda: len(sink.emissions) >= 2, message="fewer than two emissions")
         cancelled = stack.engine.cancel("r1")
         await asyncio.wait_for(runner, timeout=5)
         assert cancelled is not None
         assert (cancelled.finish_reason, cancelled.done) == ("cancelled", True)
-        await until(lambda: not stack.llm.running)
+        await eventually_async(
+            lambda: not stack.llm.running, message="vLLM still runs the cancelled request"
+        )
         if stack.server is not None:
-            await until(lambda: bool(stack.server and stack.server.disconnects))
+            await eventually_async(
+                lambda: bool(stack.server and stack.server.disconnects),
+                message="the remote engine's HTTP stream was never closed",
+            )
         else:
             assert "r1" in stack.llm.abort_calls
         assert "r1" not in stack.engine
@@ -275,7 +273,10 @@ async def test_kv_events_carry_jetserve_hashes(make_stack: StackFactory, layout:
         engine = stack.engine
         await run_one(stack, request("a", max_tokens=30))  # 70 tokens: 4 full blocks
         second = await run_one(stack, request("b", max_tokens=2))
-        await until(lambda: len(stored_hashes(engine.kv_events)) >= 4)
+        await eventually_async(
+            lambda: len(stored_hashes(engine.kv_events)) >= 4,
+            message="fewer than four stored blocks",
+        )
         events = engine.take_kv_events()
     full = PROMPT + tuple(expected_tokens(PROMPT, 30))
     assert stored_hashes(events) == prefix_hashes(full, BS)
@@ -296,7 +297,10 @@ async def test_evicted_blocks_are_removed_under_jetserve_hashes(make_stack: Stac
     async with make_stack(num_gpu_blocks=2) as stack:
         await run_one(stack, request("a", max_tokens=1))
         await run_one(stack, request("b", prompt=other, max_tokens=1))
-        await until(lambda: any(isinstance(e, BlockRemoved) for e in stack.engine.kv_events))
+        await eventually_async(
+            lambda: any(isinstance(e, BlockRemoved) for e in stack.engine.kv_events),
+            message="no BlockRemoved event",
+        )
         events = stack.engine.take_kv_events()
     removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
     assert removed == prefix_hashes(PROMPT, BS)
@@ -309,7 +313,9 @@ async def test_salted_requests_use_their_seed(make_stack: StackFactory, extra_ke
     seed = salted_seed(cache_salt="tenant")
     async with make_stack(extra_keys=extra_keys) as stack:
         await run_one(stack, request(hash_seed=seed, max_tokens=1))
-        await until(lambda: bool(stored_hashes(stack.engine.kv_events)))
+        await eventually_async(
+            lambda: stored_hashes(stack.engine.kv_events), message="no stored block"
+        )
         events = stack.engine.take_kv_events()
         (_, prompt, _) = stack.llm.requests[0]
     assert prompt["cache_salt"].startswith("jetserve-seed-")
@@ -323,7 +329,10 @@ async def test_a_lost_batch_is_replayed(make_stack: StackFactory) -> None:
         stack.publisher.drop_next(1)  # the first request's BlockStored never reaches the SUB
         await run_one(stack, request("a", max_tokens=1))
         await run_one(stack, request("b", prompt=tuple(range(700, 740)), max_tokens=1))
-        await until(lambda: len(stored_hashes(stack.engine.kv_events)) >= 4)
+        await eventually_async(
+            lambda: len(stored_hashes(stack.engine.kv_events)) >= 4,
+            message="fewer than four stored blocks after the dropped batch",
+        )
         events = stack.engine.take_kv_events()
         assert stack.publisher.replay_requests
     assert stored_hashes(events) == prefix_hashes(PROMPT, BS) + prefix_hashes(
@@ -342,8 +351,13 @@ async def test_a_gap_older_than_the_replay_buffer_clears_the_workers_blocks() ->
         for i in range(3):
             engine.add(request(f"r{i}", prompt=tuple(range(i * 100, i * 100 + 40)), max_tokens=1))
             await engine.run(sink)
-        await until(lambda: any(isinstance(e, AllBlocksCleared) for e in engine.kv_events))
-        await until(lambda: bool(stored_hashes(engine.kv_events)))
+        await eventually_async(
+            lambda: any(isinstance(e, AllBlocksCleared) for e in engine.kv_events),
+            message="no AllBlocksCleared event",
+        )
+        await eventually_async(
+            lambda: stored_hashes(engine.kv_events), message="no stored block after the clear"
+        )
         events = engine.take_kv_events()
     finally:
         await engine.stop()
@@ -379,7 +393,9 @@ async def test_remote_load_comes_from_the_servers_metrics() -> None:
         sink = Sink()
         stack.engine.add(request(max_tokens=10_000))
         runner = asyncio.create_task(stack.engine.run(sink))
-        await until(lambda: stack.engine.load().kv_used_blocks > 0)
+        await eventually_async(
+            lambda: stack.engine.load().kv_used_blocks > 0, message="no KV block in use"
+        )
         load = stack.engine.load()
         assert load.active == 1
         assert load.kv_total_blocks == 64
@@ -436,7 +452,7 @@ async def test_inprocess_load_comes_from_the_engines_scheduler_stats() -> None:
         sink = Sink()
         stack.engine.add(request(max_tokens=10_000))
         runner = asyncio.create_task(stack.engine.run(sink))
-        await until(lambda: bool(sink.emissions))
+        await eventually_async(lambda: sink.emissions, message="no emission")
         assert stack.engine.load().active == 1
         assert stack.engine.kv_usage() == (0, 64)
         stack.engine.cancel("r1")
@@ -472,15 +488,19 @@ async def _generate(
         sampling=SamplingParams(**sampling),
         stream_to=stream_to,
     )
-    batches: list[TokenBatch] = []
-    for _ in range(200):  # until the worker's subscription is visible
+
+    async def first_answer() -> Msg | None:
+        """Publish, then the first batch (none while the worker's subscription is not visible)."""
         await nc.publish(subjects.generate("w"), codec.encode(gen))
         try:
-            msg = await sub.next_msg(timeout=0.1)
+            return await sub.next_msg(timeout=0.1)
         except TimeoutError:
-            continue
-        batches.append(codec.decode(msg.data, TokenBatch))
-        break
+            return None
+
+    msg = await eventually_awaited(
+        first_answer, timeout_s=20, message="the worker never answered a Generate"
+    )
+    batches = [codec.decode(msg.data, TokenBatch)]
     while not batches or batches[-1].finish_reason is None:
         msg = await sub.next_msg(timeout=5)
         batches.append(codec.decode(msg.data, TokenBatch))
@@ -542,11 +562,18 @@ async def test_vllm_worker_on_nats(
         # prompt's blocks come first; the block its 8 tokens filled (stored as the request
         # finished, as vLLM does) may be there already: a CI run saw all three at once.
         expected = prefix_hashes(PROMPT, BS)
-        deadline = time.monotonic() + 5
-        while (await stored())[: len(expected)] != expected:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"KV events never reached the stream: {await stored()}")
+
+        async def prompt_blocks_stored() -> list[int] | None:
+            """The stored hashes once the prompt's blocks lead; else one more request."""
+            hashes = await stored()
+            if hashes[: len(expected)] == expected:
+                return hashes
             await _generate(nc, subjects, PROMPT, max_tokens=2, ignore_eos=True)
+            return None
+
+        await eventually_awaited(
+            prompt_blocks_stored, timeout_s=5, message="KV events never reached the stream"
+        )
         assert set(await stored()) <= set(prefix_hashes((*PROMPT, *tokens), BS))
         kv = await _kv_batches(nc, subjects)
         assert kv[0].events[0] == AllBlocksCleared()

@@ -33,6 +33,7 @@ from services.vllm_worker.sampling import engine_kwargs  # noqa: E402
 from services.vllm_worker.zmq_events import KvEventSubscriber  # noqa: E402
 from shared.hashing import prefix_hashes  # noqa: E402
 from shared.messages import AnyKvEvent, BlockRemoved, BlockStored, Guided, SamplingParams  # noqa: E402
+from tests.support import eventually_async  # noqa: E402
 
 BS = 16
 TOKENS = list(range(1000, 1064))  # 4 blocks
@@ -129,14 +130,15 @@ async def test_subscriber_follows_the_real_zmq_publisher_and_its_replay() -> Non
         )
         await subscriber.start()
         try:
-            deadline = time.monotonic() + 5
-            while len(received) < 1:
-                assert time.monotonic() < deadline, "the replayed batch never came"
-                await asyncio.sleep(0.02)
+            await eventually_async(
+                lambda: received, timeout_s=5, message="the replayed batch never came"
+            )
             publisher.publish(real_batch([real_stored([3, 4], 2, TOKENS[32:]), real_removed([1])]))
-            while len(received) < 3:
-                assert time.monotonic() < deadline, f"live batches never came: {received}"
-                await asyncio.sleep(0.02)
+            await eventually_async(
+                lambda: len(received) >= 3,
+                timeout_s=5,
+                message=lambda: f"live batches never came: {received}",
+            )
         finally:
             await subscriber.stop()
     finally:

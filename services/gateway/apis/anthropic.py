@@ -1,7 +1,7 @@
 """Pure: Anthropic Messages request bytes -> validated Struct -> ``shared.messages.Preprocess``.
 
 ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` are served on top of the chat path:
-the request becomes the equivalent OpenAI chat request (``translate.chat_from``, so tools,
+the request becomes the equivalent OpenAI chat request (``openai.chat_from``, so tools,
 ``tool_choice`` and structured output are resolved exactly as for chat), whose ``Preprocess``
 then asks for ``output.format="anthropic"``. The mapping:
 

@@ -1,7 +1,7 @@
 """OpenAI request bodies as msgspec Structs (HTTP shapes, distinct from bus messages).
 
 Optional fields are ``X | None`` so that clients which send an explicit ``null`` are accepted;
-``translate.py`` resolves the defaults. Value ranges live here as ``msgspec.Meta`` constraints so
+``openai.py`` resolves the defaults. Value ranges live here as ``msgspec.Meta`` constraints so
 one decode both parses and validates.
 
 Unknown top-level fields: the ``Strict*`` subclasses forbid them (the gateway's default, a 400

@@ -1,7 +1,7 @@
 """Admission: how many inference requests this gateway serves at once, and which it refuses.
 
-Pure: counters and limits, no I/O and no clock. HTTP (``app.py``) and gRPC
-(``grpc_service.py``) share one ``Admission``: a request takes a slot before any work is done
+Pure: counters and limits, no I/O and no clock. HTTP (``http/app.py``) and gRPC
+(``grpc/service.py``) share one ``Admission``: a request takes a slot before any work is done
 for it and gives it back once its response has ended, however it ended.
 
 Each slot is taken for an *owner*, the client connection it came on (an HTTP/1.1 or HTTP/2

@@ -17,7 +17,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from services.gateway.core.admission import Admission
-from shared.metrics import DEFAULT_PREFIX, ServiceMetrics
+from shared.metric_names import DEFAULT_PREFIX
+from shared.metrics import ServiceMetrics
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 ROUTES = frozenset(

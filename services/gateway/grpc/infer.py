@@ -47,7 +47,7 @@ log = structlog.get_logger(__name__)
 
 
 class Writer(Protocol):
-    """The stream a ``ModelStreamInfer`` request answers on (``grpcserver.calls.Call``)."""
+    """The stream a ``ModelStreamInfer`` request answers on (``grpc.http2.calls.Call``)."""
 
     async def write(self, message: pb.ModelStreamInferResponse) -> None: ...
 

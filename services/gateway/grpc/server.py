@@ -1,6 +1,6 @@
-"""The gateway's gRPC server, in the HTTP server's process and event loop (``grpcserver/``).
+"""The gateway's gRPC server, in the HTTP server's process and event loop (``http2/``).
 
-It serves ``inference.GRPCInferenceService`` (``grpc_service.py``), ``grpc.health.v1``
+It serves ``inference.GRPCInferenceService`` (``service.py``), ``grpc.health.v1``
 (SERVING once a model has a live worker, NOT_SERVING before and from SIGTERM on) and server
 reflection, over the same ``GatewayBus`` as HTTP. Wiring only: started by the app's lifespan
 after the bus, stopped (gracefully, up to ``--shutdown-grace-s``) before it.

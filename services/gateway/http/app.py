@@ -68,9 +68,7 @@ def create_app(
     and stopped by the app's lifespan. ``admission`` (default: ``--max-concurrent-requests``)
     counts HTTP and gRPC inference requests together."""
     readiness = readiness or Readiness()
-    metrics = metrics or GatewayMetrics(
-        routes=Paths.of(config).all(), prefix=config.metrics_prefix
-    )
+    metrics = metrics or GatewayMetrics(routes=Paths.of(config).all(), prefix=config.metrics_prefix)
     metrics.base.track_in_flight(lambda: bus.in_flight)
     admission = admission or Admission(
         config.max_concurrent_requests, connection_share=config.max_connection_share

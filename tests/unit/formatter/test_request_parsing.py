@@ -244,12 +244,7 @@ def test_tidy_joins_neighbours_and_drops_empty_text() -> None:
     ]
 
 
-def test_the_real_parser_registry_when_it_is_there(tokenizer: Any) -> None:
-    pytest.importorskip("services.formatter.parsers")
-    from services.formatter import parsers
-
-    if not hasattr(parsers, "tool_parser"):
-        pytest.skip("the parser registry is not written yet")
+def test_the_real_parser_registry_parses_reasoning_and_a_tool_call(tokenizer: Any) -> None:
     fmt = RequestFormatter(parsing_open(), tokenizer, now=0)
     choice = json.loads(run(fmt, one_token_batches(tokenizer, OUTPUT)))["choices"][0]
     calls = choice["message"]["tool_calls"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ from shared.hashing import SEED, local_block_hashes, sequence_hashes
 from shared.messages import AllBlocksCleared, BlockStored, SamplingParams
 from shared.worker.engine import WorkerEngine
 from shared.worker.records import Emission, EngineError, EngineInput, EnginePhase
+from tests.support import eventually_async
 
 BS = 4
 PROMPT = tuple(range(1, 11))
@@ -101,14 +102,6 @@ def _input(
     )
 
 
-async def _until(predicate: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + BOUND_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.005)
-
-
 async def _serve(engine: WorkerEngine, *requests: EngineInput) -> Sink:
     sink = Sink()
     for request in requests:
@@ -165,9 +158,19 @@ class TestDataParallel:
         engine.add(_input("a", max_tokens=200, dp_rank=0))
         task = asyncio.create_task(engine.run(sink))
         try:
-            await _until(lambda: len(sink.emissions) >= 2)
+            await eventually_async(
+                lambda: len(sink.emissions) >= 2,
+                timeout_s=BOUND_S,
+                interval_s=0.005,
+                message="rank 0 never emitted twice",
+            )
             engine.add(_input("b", dp_rank=1))  # rank 1 was idle: run starts its loop
-            await _until(lambda: sink.done("b"))
+            await eventually_async(
+                lambda: sink.done("b"),
+                timeout_s=BOUND_S,
+                interval_s=0.005,
+                message="rank 1 never finished its request",
+            )
             assert not sink.done("a")
         finally:
             engine.cancel("a")
@@ -194,9 +197,19 @@ class TestPulls:
         engine.add(_input("d", phase="decode", params=params))
         task = asyncio.create_task(engine.run(sink))
         try:
-            await asyncio.sleep(0.01)  # the loop sleeps on the pull
+            await eventually_async(  # the loop sleeps on the pull
+                lambda: "d" in engine.engine.pulls,
+                timeout_s=BOUND_S,
+                interval_s=0.005,
+                message="the decode never started its pull",
+            )
             engine.add(_input("a", (90, 91, 92)))
-            await _until(lambda: sink.done("a"))
+            await eventually_async(
+                lambda: sink.done("a"),
+                timeout_s=BOUND_S,
+                interval_s=0.005,
+                message="a request behind the pull never finished",
+            )
             assert "d" in engine.engine.pulls
             assert sink.pulled == []
             cancelled = engine.cancel("d")  # cancel while pulling: the loop ends
@@ -242,7 +255,12 @@ class TestPins:
         assert facts.kv_pin_timeout_s == 0.05
         await _serve(engine, _input("p", phase="prefill"))
         assert engine.load().kv_used_blocks == 2
-        await _until(lambda: engine.load().kv_used_blocks == 0)
+        await eventually_async(
+            lambda: engine.load().kv_used_blocks == 0,
+            timeout_s=BOUND_S,
+            interval_s=0.005,
+            message="the idle engine's pins never timed out",
+        )
         assert not engine.release_kv("p")
         await engine.stop()
 

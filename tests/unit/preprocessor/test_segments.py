@@ -2,13 +2,13 @@
 
 import random
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from services.preprocessor.segments import SegmentEncoder
 from services.preprocessor.tokenizer import ModelAssets
+from tests.support import eventually
 
 WORDS = [
     "the",
@@ -120,9 +120,11 @@ def test_concurrent_requests_with_a_new_system_prompt_encode_it_once(
     ]
     with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(encoder.encode, t) for t in texts]
-        deadline = time.monotonic() + 10
-        while encoder.hits < 5 and time.monotonic() < deadline:
-            time.sleep(0.005)  # five of them find the first one's encode pending
+        eventually(
+            lambda: encoder.hits == 5,
+            interval_s=0.005,
+            message="five of them find the first one's encode pending",
+        )
         gated.gate.set()
         results = [f.result(timeout=10) for f in futures]
     assert results == [_whole(qwen_assets, t) for t in texts]

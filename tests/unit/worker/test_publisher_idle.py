@@ -21,9 +21,11 @@ from shared.worker.records import EngineLoad, EngineStats
 class _JetStream:
     def __init__(self) -> None:
         self.stored: list[bytes] = []
+        self.has_stored = asyncio.Event()
 
     async def publish(self, subject: str, data: bytes, **_: Any) -> None:
         self.stored.append(data)
+        self.has_stored.set()
 
 
 class _Nats:
@@ -62,6 +64,12 @@ def long_linger(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(publisher_module, "KV_BATCH_LINGER_S", 30.0)
 
 
+async def _settle() -> None:
+    """Run every task that can run until it waits (no time passes: a linger is not over)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
 async def _publisher() -> tuple[WorkerPublisher, _Nats]:
     nc = _Nats()
     pub = WorkerPublisher(nc, Subjects("t"), "w1", _Engine(), WorkerMetrics())  # type: ignore[arg-type]
@@ -72,7 +80,7 @@ async def _publisher() -> tuple[WorkerPublisher, _Nats]:
 @pytest.mark.usefixtures("long_linger")
 async def test_a_busy_worker_lingers_before_storing() -> None:
     pub, nc = await _publisher()
-    await asyncio.sleep(0.2)
+    await _settle()  # the sender waits out its (30 s) linger
     assert nc.js.stored == []
     await pub.stop(timeout_s=1.0)  # stopping sends what is left
     assert len(nc.js.stored) == 1
@@ -81,21 +89,19 @@ async def test_a_busy_worker_lingers_before_storing() -> None:
 @pytest.mark.usefixtures("long_linger")
 async def test_an_idle_worker_stores_at_once() -> None:
     pub, nc = await _publisher()
-    await asyncio.sleep(0)
+    await _settle()  # the sender waits out its (30 s) linger
     pub.idle()
-    for _ in range(100):
-        if nc.js.stored:
-            break
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(nc.js.has_stored.wait(), 5)
     assert len(nc.js.stored) == 1
     await pub.stop(timeout_s=1.0)
 
 
 async def test_idle_with_nothing_gathered_sends_nothing() -> None:
     pub, nc = await _publisher()
-    await asyncio.sleep(0.05)  # the start-up batch goes after the (short) linger
+    await asyncio.wait_for(nc.js.has_stored.wait(), 5)  # the start-up batch, after the linger
+    await _settle()
     sent = len(nc.js.stored)
     pub.idle()
-    await asyncio.sleep(0.05)
+    await _settle()
     assert len(nc.js.stored) == sent
     await pub.stop(timeout_s=1.0)
