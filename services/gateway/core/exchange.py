@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
+import msgspec
 import structlog
 
 from services.gateway.core.bus import Reply
@@ -42,8 +42,7 @@ DEADLINE_SLACK_S = 0.05
 load): a cancel this close to the deadline is the deadline."""
 
 
-@dataclass(frozen=True, slots=True)
-class KeepAlive:
+class KeepAlive(msgspec.Struct, frozen=True):
     """What a relayed stream writes after ``interval_s`` with nothing to send (an SSE comment),
     so proxies and clients keep an idle connection open."""
 
@@ -51,8 +50,7 @@ class KeepAlive:
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Envelope:
+class Envelope(msgspec.Struct, frozen=True, kw_only=True):
     """What every bus request from the gateway carries."""
 
     request_id: str
@@ -218,6 +216,7 @@ class Exchange:
         the end; on a failure, cancels it with its reason and raises.
         """
         reply = self._reply
+        idle_s, deadline = self._idle_timeout_s, self.envelope.deadline
         parts: list[bytes] = []
         chunk = first
         try:
@@ -231,7 +230,7 @@ class Exchange:
                     data = joined(parts)
                     parts.clear()
                     await write(data)
-                limit_s = wait_s(self._idle_timeout_s, self.envelope.deadline)
+                limit_s = idle_s if deadline is None else wait_s(idle_s, deadline)
                 if write is not None and self._keep_alive is not None:
                     limit_s = await self._kept_alive(limit_s, self._keep_alive, write)
                 chunk = await reply.next(limit_s)

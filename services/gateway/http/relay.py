@@ -11,7 +11,6 @@ reply) and answers ``{"input_tokens": N}``.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 import msgspec
 import structlog
@@ -199,8 +198,7 @@ async def _stream(
     await send({"type": "http.response.body", "body": rest, "more_body": False})
 
 
-@dataclass(frozen=True, slots=True)
-class _Prepared:
+class _Prepared(msgspec.Struct, frozen=True):
     request: Preprocess
     envelope: Envelope
 
