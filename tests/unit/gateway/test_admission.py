@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 from litestar.testing import AsyncTestClient
+from litestar.types import HTTPResponseBodyEvent, Message
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
@@ -272,12 +273,12 @@ class FakeCycle:
             self.flow = FakeFlow(self.writable)
         self.disconnected = False
         self.lost = asyncio.Event()
-        self.sent: list[dict[str, Any]] = []
+        self.sent: list[Message] = []
         self.cancelled = False
         if with_transport:
             self.transport = FakeTransport(self)
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: Message) -> None:
         if not self.writable.is_set() and not self.disconnected:
             try:
                 await self.writable.wait()
@@ -308,13 +309,13 @@ def counting_timers(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 
 class StopsReadingAfterHeaders(FakeCycle):
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: Message) -> None:
         await super().send(message)
         if message["type"] == "http.response.start":
             self.writable.clear()  # the client's buffers are full from now on
 
 
-BODY = {"type": "http.response.body", "body": b"x", "more_body": True}
+BODY: HTTPResponseBodyEvent = {"type": "http.response.body", "body": b"x", "more_body": True}
 
 
 @pytest.mark.parametrize("with_flow", [True, False], ids=["uvicorn-flow", "stepped"])
@@ -323,19 +324,19 @@ class TestBoundedSend:
         self, monkeypatch: pytest.MonkeyPatch, with_flow: bool
     ) -> None:
         cycle = FakeCycle(with_flow=with_flow)
-        bounded = BoundedSend(cycle.send, 0.05)  # type: ignore[arg-type]
+        bounded = BoundedSend(cycle.send, 0.05)
         timers = counting_timers(monkeypatch)
         for _ in range(3):
-            await bounded(BODY)  # type: ignore[arg-type]
+            await bounded(BODY)
         assert (cycle.sent, timers, bounded.timed_out) == ([BODY] * 3, [], False)
 
     async def test_a_send_that_waits_in_time_is_not_cut(
         self, monkeypatch: pytest.MonkeyPatch, with_flow: bool
     ) -> None:
         cycle = FakeCycle(paused=True, with_flow=with_flow)
-        bounded = BoundedSend(cycle.send, 30.0)  # type: ignore[arg-type]
+        bounded = BoundedSend(cycle.send, 30.0)
         timers = counting_timers(monkeypatch)
-        sending = asyncio.ensure_future(bounded(BODY))  # type: ignore[arg-type]
+        sending = asyncio.ensure_future(bounded(BODY))
         await asyncio.sleep(0)  # it waits
         cycle.writable.set()  # the client read: the transport resumed
         await sending
@@ -346,16 +347,16 @@ class TestBoundedSend:
         self, with_flow: bool
     ) -> None:
         cycle = FakeCycle(paused=True, with_flow=with_flow)
-        bounded = BoundedSend(cycle.send, 0.0)  # type: ignore[arg-type]
-        await asyncio.wait_for(bounded(BODY), 5)  # type: ignore[arg-type]
-        await bounded(BODY)  # type: ignore[arg-type]  # the connection is gone: no wait
+        bounded = BoundedSend(cycle.send, 0.0)
+        await asyncio.wait_for(bounded(BODY), 5)
+        await bounded(BODY)  # the connection is gone: no wait
         assert (bounded.timed_out, cycle.transport.aborted, cycle.disconnected) == (True, 1, True)
         assert cycle.sent == []
 
     async def test_cancelling_the_request_reaches_the_waiting_send(self, with_flow: bool) -> None:
         cycle = FakeCycle(paused=True, with_flow=with_flow)
-        bounded = BoundedSend(cycle.send, 30.0)  # type: ignore[arg-type]
-        sending = asyncio.ensure_future(bounded(BODY))  # type: ignore[arg-type]
+        bounded = BoundedSend(cycle.send, 30.0)
+        sending = asyncio.ensure_future(bounded(BODY))
         await asyncio.sleep(0)
         sending.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -364,9 +365,9 @@ class TestBoundedSend:
 
     async def test_without_a_transport_the_timeout_is_only_logged(self, with_flow: bool) -> None:
         cycle = FakeCycle(paused=True, with_transport=False, with_flow=with_flow)
-        bounded = BoundedSend(cycle.send, 0.0)  # type: ignore[arg-type]
+        bounded = BoundedSend(cycle.send, 0.0)
         with capture_logs() as logs:
-            sending = asyncio.ensure_future(bounded(BODY))  # type: ignore[arg-type]
+            sending = asyncio.ensure_future(bounded(BODY))
             for _ in range(5):  # the timer fires on the next turn of the loop
                 await asyncio.sleep(0)
             still_waiting = not sending.done()
