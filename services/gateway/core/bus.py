@@ -26,7 +26,12 @@ from nats.errors import Error as NatsError
 from nats.errors import MaxPayloadError
 
 from services.gateway.config import GatewayConfig
-from services.gateway.core.errors import ClientTooSlow, DuplicateRequestId, NoResponders
+from services.gateway.core.errors import (
+    ClientTooSlow,
+    DuplicateRequestId,
+    NoResponders,
+    no_live_worker,
+)
 from services.gateway.core.inbox import Inbox, Probe, ReplyItem
 from services.gateway.core.port import ReplyBus
 from services.gateway.core.probes import Prober
@@ -38,7 +43,6 @@ from shared.errors import (
     InternalError,
     InvalidRequest,
     ModelNotFound,
-    NoWorkerAvailable,
     ServiceError,
     ServiceUnavailable,
     UpstreamTimeout,
@@ -71,7 +75,6 @@ log = structlog.get_logger(__name__)
 
 __all__ = ["Inbox", "NatsBus", "Reply", "ReplyItem"]
 
-NO_WORKER_RETRY_AFTER_S = 1.0
 BUS_WAIT_S = 2.0
 """A request that arrives while NATS is unreachable waits this long for it, then gets a 503."""
 BUS_LOST_GRACE_S = 5.0
@@ -374,10 +377,7 @@ class NatsBus:
         await self._bus_ready()
         if await self.model_card(model) is None:
             raise ModelNotFound(model)
-        raise NoWorkerAvailable(
-            f"The model `{model}` has no live worker right now.",
-            retry_after_s=NO_WORKER_RETRY_AFTER_S,
-        )
+        raise no_live_worker(model)
 
     async def model_card(self, model: str) -> ModelCard | None:
         """The model's card from the object store (cached until the store changes it)."""

@@ -3,7 +3,15 @@ nobody listens on, a stream that cannot be replayed."""
 
 from __future__ import annotations
 
-from shared.errors import FormatterLost, InvalidRequest, ServiceError, ServiceUnavailable
+from shared.errors import (
+    FormatterLost,
+    InvalidRequest,
+    NoWorkerAvailable,
+    ServiceError,
+    ServiceUnavailable,
+)
+
+NO_WORKER_RETRY_AFTER_S = 1.0
 
 
 class ClientDisconnected(ServiceError):
@@ -57,3 +65,11 @@ class StreamGap(FormatterLost):
         )
         self.from_seq = from_seq
         self.first_seq = first_seq
+
+
+def no_live_worker(model: str) -> NoWorkerAvailable:
+    """The 503 (retryable, ``Retry-After``) for a known model with no live worker right now."""
+    return NoWorkerAvailable(
+        f"The model `{model}` has no live worker right now.",
+        retry_after_s=NO_WORKER_RETRY_AFTER_S,
+    )

@@ -25,9 +25,9 @@ import structlog
 
 from services.gateway.core.bus import Reply
 from services.gateway.core.context import RequestContext, note_error
-from services.gateway.core.errors import ClientDisconnected, NoResponders
+from services.gateway.core.errors import ClientDisconnected, NoResponders, no_live_worker
 from services.gateway.core.port import GatewayBus
-from shared.errors import NoWorkerAvailable, ServiceError, UpstreamTimeout
+from shared.errors import ServiceError, UpstreamTimeout
 from shared.messages import Preprocess, ResponseChunk, TensorInfer, TensorResult
 
 log = structlog.get_logger(__name__)
@@ -35,7 +35,6 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 Write = Callable[[bytes], Awaitable[None]]
 
-NO_WORKER_RETRY_AFTER_S = 1.0
 DEADLINE_SLACK_S = 0.05
 """grpc cancels a call at its deadline by its own timer, which can fire a little before our
 ``time.monotonic()`` reaches the deadline we computed from ``time_remaining()`` (seen under CI
@@ -132,10 +131,7 @@ class Exchanges:
         envelope's time limit over all the attempts."""
         workers = self._bus.workers_in_turn(model)
         if not workers:
-            raise NoWorkerAvailable(
-                f"The model `{model}` has no live worker right now.",
-                retry_after_s=NO_WORKER_RETRY_AFTER_S,
-            )
+            raise no_live_worker(model)
         ends = self._clock() + envelope.timeout_s
         for attempt, worker_id in enumerate(workers, start=1):
             left = ends - self._clock()
@@ -156,9 +152,7 @@ class Exchanges:
             reply = await self._bus.submit_tensor(infer, worker_id)
             try:
                 result = await reply.result(timeout_s)
-            except NoResponders:
-                raise
-            except BaseException as exc:
+            except BaseException as exc:  # "no responders" included: closed by the reply
                 abandon(reply, exc, envelope.deadline, self._client_gone)
                 raise
             reply.close()

@@ -137,9 +137,7 @@ class Relay:
         ctx.mark_first_response()
         ctx.prompt_tokens = tokens
         body = msgspec.json.encode({"input_tokens": tokens})
-        headers = [_JSON, (b"content-length", b"%d" % len(body)), *endpoint.dialect.headers(ctx)]
-        await _start(ctx, send, 200, headers)
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        await _send_json(ctx, send, 200, body, endpoint.dialect)
 
     async def _respond(
         self,
@@ -162,9 +160,7 @@ class Relay:
             await _send_error(ctx, send, responses.unexpected_error(exc, dialect, rid), dialect)
             return
         if not stream:
-            headers = [_JSON, (b"content-length", b"%d" % len(body)), *dialect.headers(ctx)]
-            await _start(ctx, send, 200, headers)
-            await send({"type": "http.response.body", "body": body, "more_body": False})
+            await _send_json(ctx, send, 200, body, dialect)
             return
         await _start(ctx, send, 200, [*_SSE_START, *dialect.headers(ctx)])
         await _stream(exchange, first, send, dialect)
@@ -254,6 +250,18 @@ async def _send_error(
     headers = [
         (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in extra.items()
     ]
-    headers += [_JSON, (b"content-length", b"%d" % len(body)), *dialect.headers(ctx)]
+    await _send_json(ctx, send, status, body, dialect, headers)
+
+
+async def _send_json(
+    ctx: RequestContext,
+    send: Send,
+    status: int,
+    body: bytes,
+    dialect: ErrorDialect,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """A whole JSON response: ``extra`` headers first, then type, length and the dialect's."""
+    headers = [*(extra or ()), _JSON, (b"content-length", b"%d" % len(body)), *dialect.headers(ctx)]
     await _start(ctx, send, status, headers)
     await send({"type": "http.response.body", "body": body, "more_body": False})
