@@ -9,23 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.gateway.core.auth import read_keys
+from services.gateway.core.paths import Paths
 from shared.config import CommonConfig, computed_setting, setting
 from shared.registry import DEFAULT_WORKER_TTL_S
 from shared.subjects import check_token
 
-PATH_SETTINGS = (
-    "chat_path",
-    "completions_path",
-    "embeddings_path",
-    "responses_path",
-    "messages_path",
-    "images_path",
-    "videos_path",
-    "models_path",
-    "health_path",
-    "live_path",
-    "metrics_path",
-)
+DEFAULT_PATHS = Paths()
+PATH_SETTINGS = tuple(f"{name}_path" for name in Paths.__slots__ if name != "count_tokens")
 """The settings that name an HTTP path the gateway serves."""
 WINDOW_MAX = 2**31 - 1
 """HTTP/2's largest flow-control window."""
@@ -183,65 +173,65 @@ class GatewayConfig(CommonConfig):
         ge=0,
     )
     chat_path: str = setting(
-        "/v1/chat/completions",
+        DEFAULT_PATHS.chat,
         "HTTP path of: OpenAI chat completions",
         parse=check_path,
         also_env=("DYN_HTTP_SVC_CHAT_PATH",),
     )
     completions_path: str = setting(
-        "/v1/completions",
+        DEFAULT_PATHS.completions,
         "HTTP path of: OpenAI completions",
         parse=check_path,
         also_env=("DYN_HTTP_SVC_CMP_PATH",),
     )
     embeddings_path: str = setting(
-        "/v1/embeddings",
+        DEFAULT_PATHS.embeddings,
         "HTTP path of: OpenAI embeddings",
         parse=check_path,
         also_env=("DYN_HTTP_SVC_EMB_PATH",),
     )
     responses_path: str = setting(
-        "/v1/responses",
+        DEFAULT_PATHS.responses,
         "HTTP path of: OpenAI Responses",
         parse=check_path,
         also_env=("DYN_HTTP_SVC_RESPONSES_PATH",),
     )
     messages_path: str = setting(
-        "/v1/messages",
+        DEFAULT_PATHS.messages,
         "HTTP path of: Anthropic Messages (count_tokens is under it)",
         parse=check_path,
         also_env=("DYN_HTTP_SVC_ANTHROPIC_PATH",),
     )
     images_path: str = setting(
-        "/v1/images/generations",
+        DEFAULT_PATHS.images,
         "HTTP path of: Image generation",
         parse=check_path,
     )
     videos_path: str = setting(
-        "/v1/videos/generations",
+        DEFAULT_PATHS.videos,
         "HTTP path of: Video generation",
         parse=check_path,
     )
     models_path: str = setting(
-        "/v1/models",
+        DEFAULT_PATHS.models,
         "HTTP path of: The model list",
         parse=check_path,
         also_env=("DYN_HTTP_SVC_MODELS_PATH",),
     )
     health_path: str = setting(
-        "/health",
+        DEFAULT_PATHS.health,
         "HTTP path of: Readiness (503 while draining or with no live model)",
         parse=check_path,
         also_env=("DYN_HTTP_SVC_HEALTH_PATH",),
     )
     live_path: str = setting(
-        "/live",
+        DEFAULT_PATHS.live,
         "HTTP path of: Liveness (503 while draining)",
         parse=check_path,
         also_env=("DYN_HTTP_SVC_LIVE_PATH",),
     )
     metrics_path: str = setting(
-        "/metrics",
+        DEFAULT_PATHS.metrics,
         "HTTP path of: Prometheus metrics",
         parse=check_path,
         also_env=("DYN_HTTP_SVC_METRICS_PATH",),

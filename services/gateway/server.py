@@ -17,9 +17,9 @@ import uvicorn
 from services.gateway.config import GatewayConfig
 from services.gateway.core.bus import NatsBus
 from services.gateway.core.metrics import GatewayMetrics
+from services.gateway.core.paths import Paths
 from services.gateway.core.readiness import Readiness
 from services.gateway.http.app import create_app
-from services.gateway.http.paths import Paths
 from shared.lifecycle import settle_heap
 from shared.metrics import serve_metrics
 

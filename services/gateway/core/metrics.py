@@ -17,27 +17,13 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from services.gateway.core.admission import Admission
+from services.gateway.core.paths import Paths
 from shared.metric_names import DEFAULT_PREFIX
 from shared.metrics import ServiceMetrics
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-ROUTES = frozenset(
-    {
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/embeddings",
-        "/v1/responses",
-        "/v1/messages",
-        "/v1/messages/count_tokens",
-        "/v1/images/generations",
-        "/v1/videos/generations",
-        "/v1/models",
-        "/health",
-        "/live",
-        "/metrics",
-    }
-)
-"""The endpoint labels at the default paths (``http/paths.py``: the app passes the served ones)."""
+ROUTES = Paths().all()
+"""The endpoint labels at the default paths (the app passes the served ones)."""
 GRPC_METHOD_PREFIX = "/inference.GRPCInferenceService/"
 REQUEST_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,

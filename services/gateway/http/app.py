@@ -35,6 +35,7 @@ from services.gateway.core.auth import ApiKeys
 from services.gateway.core.context import RequestContext, note_error
 from services.gateway.core.exchange import Exchanges, KeepAlive
 from services.gateway.core.metrics import GatewayMetrics
+from services.gateway.core.paths import Paths
 from services.gateway.core.port import GatewayBus
 from services.gateway.core.readiness import Readiness
 from services.gateway.grpc.server import GrpcServer
@@ -43,7 +44,6 @@ from services.gateway.http import sse
 from services.gateway.http.asgi import request_context, send_with_id
 from services.gateway.http.endpoints import Endpoint, endpoints
 from services.gateway.http.openapi import PATHS_KEY, openapi_config
-from services.gateway.http.paths import Paths
 from services.gateway.http.relay import Relay
 from services.gateway.http.routes import build_ask_routes, build_routes
 from services.gateway.http.stalls import BODY_TIMEOUT, SEND_TIMEOUT, BodyDeadline, BoundedSend

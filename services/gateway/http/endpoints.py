@@ -30,8 +30,8 @@ from services.gateway.apis.openai import (
     parse_completion,
 )
 from services.gateway.apis.openai_responses_api import parse_responses, responses_to_preprocess
+from services.gateway.core.paths import Paths
 from services.gateway.http.error_dialects import ANTHROPIC, OPENAI, RESPONSES, ErrorDialect
-from services.gateway.http.paths import Paths
 from shared.messages import Preprocess
 
 

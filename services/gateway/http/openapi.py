@@ -30,7 +30,7 @@ from services.gateway.apis.openai_types import (
     CompletionRequest,
     ErrorResponse,
 )
-from services.gateway.http.paths import Paths
+from services.gateway.core.paths import Paths
 from shared.api_objects import ChatCompletion, ChatCompletionChunk, Completion
 
 _REF = "#/components/schemas/{name}"

@@ -21,10 +21,10 @@ from services.gateway.core import asks
 from services.gateway.core.context import current
 from services.gateway.core.exchange import Exchanges
 from services.gateway.core.metrics import CONTENT_TYPE, GatewayMetrics
+from services.gateway.core.paths import Paths
 from services.gateway.core.port import GatewayBus
 from services.gateway.core.readiness import Readiness
 from services.gateway.http.openapi import DOCS_PATH, swagger_page
-from services.gateway.http.paths import Paths
 from shared.messages import WORKER_ROLES, WorkerCard
 
 JSON = "application/json"

@@ -9,7 +9,7 @@ import pytest
 
 from services.gateway.config import GatewayConfig
 from services.gateway.core.metrics import GatewayMetrics, endpoint_of
-from services.gateway.http.paths import Paths
+from services.gateway.core.paths import Paths
 from tests.observability import dashboard_exprs
 
 INFERENCE = sorted(Paths().all() - Paths().probes)

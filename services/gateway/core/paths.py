@@ -1,11 +1,14 @@
 """The HTTP paths the gateway serves, from its settings (``--chat-path``, …; Dynamo's
-``DYN_HTTP_SVC_*_PATH`` env names work too). Pure."""
+``DYN_HTTP_SVC_*_PATH`` env names work too): the one place their defaults are written (the
+settings, the metrics' default labels and the OpenAPI document read them here). Pure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from services.gateway.config import GatewayConfig
+if TYPE_CHECKING:
+    from services.gateway.config import GatewayConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,20 +30,8 @@ class Paths:
 
     @classmethod
     def of(cls, config: GatewayConfig) -> Paths:
-        return cls(
-            chat=config.chat_path,
-            completions=config.completions_path,
-            embeddings=config.embeddings_path,
-            responses=config.responses_path,
-            messages=config.messages_path,
-            count_tokens=config.count_tokens_path,
-            images=config.images_path,
-            videos=config.videos_path,
-            models=config.models_path,
-            health=config.health_path,
-            live=config.live_path,
-            metrics=config.metrics_path,
-        )
+        """The paths ``config`` serves: each field from its ``<field>_path`` setting."""
+        return cls(**{name: getattr(config, f"{name}_path") for name in cls.__slots__})
 
     @property
     def asks(self) -> frozenset[str]:
