@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from services.router.load import DEFAULT_SETTLE_AFTER_S
 from shared import kv_stream
 from shared.config import CommonConfig, computed_setting, setting
 from shared.registry import DEFAULT_WORKER_TTL_S
@@ -82,6 +83,12 @@ class RouterConfig(CommonConfig):
     )
     request_ttl_s: float = setting(
         600.0, "Forget an active request whose end was never heard after this long", gt=0
+    )
+    load_settle_after_s: float = setting(
+        DEFAULT_SETTLE_AFTER_S,
+        "A worker's load report ends the requests counted on it beyond what it holds, once "
+        "they are this old: ends lost in a bus outage stop weighing on it (0 = off)",
+        ge=0,
     )
     snapshot_interval_s: float = setting(
         30.0, "The lease holder snapshots the KV index this often (0 = never)", ge=0

@@ -457,8 +457,11 @@ class RoutingCore:
     def on_cancel(self, request_id: str) -> None:
         self.load.free(request_id)
 
-    def on_load(self, report: WorkerLoad, now: float) -> None:
+    def on_load(self, report: WorkerLoad, now: float) -> list[str]:
+        """Keep the worker's report and settle its count with it; returns the requests ended
+        (their end was never heard here: ``ActiveLoad.settle``)."""
         self.reports.update(report, now)
+        return self.load.settle(report.worker_id, report.active + report.waiting, now)
 
     def remove_worker(self, worker_id: str) -> bool:
         """Forget everything about a worker (all its ranks) that left the registry; True if it

@@ -9,6 +9,10 @@ Per worker it keeps, as Dynamo's ``ActiveSequences`` does,
   prefix share its blocks (reference-counted by sequence hash); a trailing partial block, and
   every block of a request routed without hashes, counts on its own.
 
+A worker's own ``WorkerLoad`` settles what the routers count (``settle``): an end that was
+never heard (a lifecycle message lost while nats-server was away, a request that died on its
+way) would otherwise weigh on that worker's cost until the TTL, ten minutes later.
+
 ``WorkerReports`` keeps each worker's latest ``WorkerLoad``; a report older than ``stale_s`` is
 ignored, so a busy mark expires when a worker stops reporting.
 """
@@ -23,16 +27,23 @@ from shared.targets import worker_of
 
 DEFAULT_REQUEST_TTL_S = 600.0
 DEFAULT_LOAD_STALE_S = 5.0
+DEFAULT_SETTLE_AFTER_S = 2.0
+"""A request routed this recently may not have reached its worker yet: a load report that
+leaves it out does not end it."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: one entry per request and phase
 class _Request:
+    request_id: str
     worker_id: str
     block_hashes: Sequence[int]
     own_blocks: int
     """Blocks not shared through a hash: the partial tail, or all of them without hashes."""
     prefill_tokens: int
+    added_at: float
     expires_at: float
+    is_prefill_phase: bool = False
+    """A disaggregated request's entry on its prefill target (``ActiveLoad._prefills``)."""
     prefill_done: bool = False
 
 
@@ -45,6 +56,8 @@ class WorkerActivity:
     own_blocks: int = 0
     prefill_tokens: int = 0
     requests: int = 0
+    held: set[_Request] = field(default_factory=set)
+    """The entries counted here (what ``settle`` may end)."""
 
 
 class ActiveLoad:
@@ -56,8 +69,14 @@ class ActiveLoad:
     ``finished``, by the decode phase's start or with the request.
     """
 
-    def __init__(self, ttl_s: float = DEFAULT_REQUEST_TTL_S) -> None:
+    def __init__(
+        self,
+        ttl_s: float = DEFAULT_REQUEST_TTL_S,
+        settle_after_s: float = DEFAULT_SETTLE_AFTER_S,
+    ) -> None:
         self.ttl_s = ttl_s
+        self.settle_after_s = settle_after_s
+        """``settle`` weighs entries at least this old; 0 = it ends nothing."""
         self._requests: dict[str, _Request] = {}  # insertion order = expiry order
         self._prefills: dict[str, _Request] = {}
         """Requests whose prefill runs on a prefill worker: that entry (disaggregated)."""
@@ -75,7 +94,7 @@ class ActiveLoad:
     ) -> None:
         """Count a request routed to ``worker_id`` (replacing an earlier route of it)."""
         self.free(request_id)
-        req = self._attach(worker_id, block_hashes, prompt_blocks, prefill_tokens, now)
+        req = self._attach(request_id, worker_id, block_hashes, prompt_blocks, prefill_tokens, now)
         self._requests[request_id] = req
 
     def add_prefill(
@@ -90,7 +109,8 @@ class ActiveLoad:
     ) -> None:
         """Count a disaggregated request's prefill on its prefill target (after ``add``)."""
         self.prefill_finished(request_id)
-        req = self._attach(worker_id, block_hashes, prompt_blocks, prefill_tokens, now)
+        req = self._attach(request_id, worker_id, block_hashes, prompt_blocks, prefill_tokens, now)
+        req.is_prefill_phase = True
         self._prefills[request_id] = req
 
     def prefill_finished(self, request_id: str, worker_id: str | None = None) -> bool:
@@ -109,6 +129,7 @@ class ActiveLoad:
 
     def _attach(
         self,
+        request_id: str,
         worker_id: str,
         block_hashes: Sequence[int],
         prompt_blocks: int,
@@ -116,10 +137,12 @@ class ActiveLoad:
         now: float,
     ) -> _Request:
         req = _Request(
+            request_id=request_id,
             worker_id=worker_id,
             block_hashes=block_hashes,
             own_blocks=max(0, prompt_blocks - len(block_hashes)),
             prefill_tokens=prefill_tokens,
+            added_at=now,
             expires_at=now + self.ttl_s,
         )
         worker = self._workers.get(worker_id)
@@ -131,6 +154,7 @@ class ActiveLoad:
         worker.own_blocks += req.own_blocks
         worker.prefill_tokens += prefill_tokens
         worker.requests += 1
+        worker.held.add(req)
         return req
 
     def prefill_done(self, request_id: str, worker_id: str | None = None) -> None:
@@ -167,6 +191,7 @@ class ActiveLoad:
         if not req.prefill_done:
             worker.prefill_tokens -= req.prefill_tokens
         worker.requests -= 1
+        worker.held.discard(req)
         if worker.requests == 0:
             del self._workers[req.worker_id]
 
@@ -182,6 +207,44 @@ class ActiveLoad:
         for request_id in [r for r, q in self._prefills.items() if q.expires_at <= now]:
             self.prefill_finished(request_id)
         return stale
+
+    def settle(self, worker_id: str, running: int, now: float) -> list[str]:
+        """Worker ``worker_id`` says it holds ``running`` requests (running and waiting, all
+        its ranks): end the oldest entries counted on it beyond that, and return their ids.
+
+        Only entries at least ``settle_after_s`` old are weighed against the report, and the younger
+        ones are assumed not in it, so a request on its way is never ended and a report can
+        only end too few. The decode entry of a request whose prefill runs elsewhere is left
+        out: its decode worker has not seen it yet.
+        """
+        grace_s = self.settle_after_s
+        if grace_s <= 0 or self.counted_on(worker_id) <= running:  # usually: nothing to scan
+            return []
+        settled: list[_Request] = []
+        for target, activity in self._workers.items():
+            if worker_of(target) == worker_id:
+                settled.extend(
+                    r
+                    for r in activity.held
+                    if r.added_at <= now - grace_s
+                    and (r.is_prefill_phase or r.request_id not in self._prefills)
+                )
+        excess = len(settled) - running
+        if excess <= 0:
+            return []
+        settled.sort(key=lambda r: r.added_at)
+        ended = []
+        for req in settled[:excess]:
+            if req.is_prefill_phase:
+                self.prefill_finished(req.request_id)
+            else:
+                self.free(req.request_id)
+            ended.append(req.request_id)
+        return ended
+
+    def counted_on(self, worker_id: str) -> int:
+        """Entries counted on the targets of worker ``worker_id`` (prefill phases included)."""
+        return sum(a.requests for t, a in self._workers.items() if worker_of(t) == worker_id)
 
     def worker_of(self, request_id: str) -> str | None:
         """The target a tracked request was routed to (its decode target when disaggregated)."""

@@ -64,6 +64,13 @@ class RouterMetrics:
             "Requests in flight as this replica accounts them (all replicas' decisions)",
             registry=registry,
         )
+        self.unheard_ends = Counter(
+            "jetserve_router_unheard_ends_total",
+            "Requests this replica stopped counting without hearing that they ended, by how: "
+            "load_report (the worker's own count left them out), ttl (--request-ttl-s passed)",
+            ["how"],
+            registry=registry,
+        )
         self.workers_lost = Counter(
             "jetserve_router_workers_lost_total",
             "Workers this replica found lost, by reason (no_responders, unresponsive)",

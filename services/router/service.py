@@ -147,7 +147,7 @@ class Router:
         )
         self.core = RoutingCore(
             core_settings(config),
-            load=ActiveLoad(config.request_ttl_s),
+            load=ActiveLoad(config.request_ttl_s, config.load_settle_after_s),
             reports=WorkerReports(config.load_stale_s),
         )
         self.core.approx.ttl_s = config.router_ttl_s
@@ -449,7 +449,15 @@ class Router:
         self.core.on_phase(phase)
 
     async def on_load(self, report: WorkerLoad) -> None:
-        self.core.on_load(report, self._clock())
+        ended = self.core.on_load(report, self._clock())
+        if ended:
+            self.metrics.unheard_ends.labels("load_report").inc(len(ended))
+            log.info(
+                "router_load_settled",
+                worker_id=report.worker_id,
+                ended=len(ended),
+                running=report.active + report.waiting,
+            )
 
     async def on_cancel(self, cancel: Cancel) -> None:
         worker_id, request_id = cancel.worker_id, cancel.request_id
@@ -600,6 +608,8 @@ class Router:
         stale, dropped = self.core.sweep(self._clock())
         if stale or dropped:
             log.info("router_state_expired", requests=stale, approx_blocks=dropped)
+        if stale:
+            self.metrics.unheard_ends.labels("ttl").inc(stale)
         self._prune()
         index = self.core.approx.index if self.core.uses_approx else self.core.sync.index
         self.metrics.index_blocks.set(index.num_entries)

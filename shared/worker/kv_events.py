@@ -66,9 +66,12 @@ class KvEventLog:
 
 @dataclass(slots=True)
 class LoadReporter:
-    """Report load on change, at most every ``min_interval_s``, and at once when idle."""
+    """Report load on change, at most every ``min_interval_s``, at once when idle, and
+    unchanged every ``heartbeat_s``: routers settle their count with it (a change between two
+    reports, a request come and gone, is never seen) and a silent worker's report goes stale."""
 
     min_interval_s: float = 0.05
+    heartbeat_s: float = 1.0
     _last: tuple[int, ...] | None = None
     _last_at: float = float("-inf")
 
@@ -78,7 +81,7 @@ class LoadReporter:
 
     def due(self, snapshot: tuple[int, ...], now: float, *, is_idle: bool = False) -> bool:
         """True when ``snapshot`` should be published now (and remembers it as published)."""
-        if snapshot == self._last:
+        if snapshot == self._last and now - self._last_at < self.heartbeat_s:
             return False
         if not is_idle and now - self._last_at < self.min_interval_s:
             return False

@@ -43,6 +43,9 @@ client's next request would otherwise meet the store and its ack halfway through
 token's path."""
 LOAD_INTERVAL_S = 0.05
 """Load goes out on change at most this often (and at once when the worker goes idle)."""
+LOAD_HEARTBEAT_S = 1.0
+"""And unchanged this often: routers settle the requests they count on this worker with it
+(``services/router/load.py``), and a worker that stops reporting goes stale there."""
 
 
 class WorkerPublisher:
@@ -68,7 +71,7 @@ class WorkerPublisher:
         self._metrics = metrics
         self._kv_stream_limits = kv_stream_limits
         self._replicas = replicas
-        self._load = LoadReporter(LOAD_INTERVAL_S)
+        self._load = LoadReporter(LOAD_INTERVAL_S, LOAD_HEARTBEAT_S)
         self._incarnation = secrets.token_hex(4)
         self._wake = asyncio.Event()
         self._now = asyncio.Event()
@@ -76,6 +79,7 @@ class WorkerPublisher:
         self._is_closing = False
         self._sub: Subscription | None = None
         self._task: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Answer dumps and start the KV event sender (the engine's start reset goes first)."""
@@ -85,10 +89,15 @@ class WorkerPublisher:
         self._task = asyncio.create_task(self._send_loop(), name=f"kv-events-{self.worker_id}")
         self.collect_kv_events()
         await self.report_load(is_idle=True)
+        self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name="load-heartbeat")
 
     async def stop(self, timeout_s: float = 2.0) -> None:
         """Send what is left (bounded), then stop answering dumps."""
         self._is_closing = True
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
         self._wake.set()
         self._now.set()  # cut a linger short
         if self._task is not None:
@@ -131,8 +140,19 @@ class WorkerPublisher:
         )
         await self._nc.publish(self._subjects.lifecycle(self.worker_id), codec.encode(message))
 
+    async def _heartbeat_loop(self) -> None:
+        """Report the load unchanged every ``LOAD_HEARTBEAT_S`` (``report_load`` skips the
+        beat when a change went out meanwhile)."""
+        while True:
+            await asyncio.sleep(LOAD_HEARTBEAT_S)
+            try:
+                await self.report_load()
+            except nats.errors.Error as exc:  # closed under us: the next beat tries again
+                log.debug("load_heartbeat_failed", error=repr(exc))
+
     async def report_load(self, *, is_idle: bool = False) -> None:
-        """Publish ``WorkerLoad`` if it changed, at most every ``LOAD_INTERVAL_S``."""
+        """Publish ``WorkerLoad`` if it changed (at most every ``LOAD_INTERVAL_S``) or none
+        went out for ``LOAD_HEARTBEAT_S``."""
         now = time.monotonic()
         if not self._load.may_report(now, is_idle=is_idle):
             return

@@ -167,17 +167,18 @@ async def _wait_for_workers(nc: Client, subjects: Subjects, count: int) -> None:
 
 async def _routed_with_cache(
     http: httpx.AsyncClient, decisions: Decisions, prompt: str
-) -> RouteDecision:
-    """Send ``prompt`` until its routing decision shows cached blocks (bounded)."""
-    decision = None
+) -> list[RouteDecision]:
+    """Send ``prompt`` until its routing decision shows cached blocks (bounded); returns the
+    decisions, that one last."""
+    tries: list[RouteDecision] = []
     for _ in range(25):
         outcome = await _chat(http, prompt, max_tokens=4, stream=False)
         assert outcome.is_complete, outcome
-        decision = await decisions.of(outcome.request_id)
-        if _cached_blocks(decision) > 0:
-            return decision
+        tries.append(await decisions.of(outcome.request_id))
+        if _cached_blocks(tries[-1]) > 0:
+            return tries
         await asyncio.sleep(0.2)
-    raise AssertionError(f"no KV overlap for a repeated prompt: {decision}")
+    raise AssertionError(f"no KV overlap for a repeated prompt: {tries}")
 
 
 async def _load(http: httpx.AsyncClient, client: int, stop: asyncio.Event) -> list[Outcome]:
@@ -210,7 +211,7 @@ async def test_stack_survives_a_killed_and_restarted_nats_server(
     await observer.subscribe(subjects.decisions, cb=decisions.on_msg)
     await _wait_for_workers(observer, subjects, 2)
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=DEADLINE_S) as http:
-        before = await _routed_with_cache(http, decisions, _prompt("a"))
+        before = (await _routed_with_cache(http, decisions, _prompt("a")))[-1]
 
         stop = asyncio.Event()
         load = [asyncio.create_task(_load(http, i, stop)) for i in range(LOAD_CLIENTS)]
@@ -232,11 +233,12 @@ async def test_stack_survives_a_killed_and_restarted_nats_server(
         outcomes = [o for client in done for o in client]
 
         models = (await http.get("/v1/models")).json()
-        after = await _routed_with_cache(http, decisions, _prompt("a"))
+        after_tries = await _routed_with_cache(http, decisions, _prompt("a"))
+        after = after_tries[-1]
         fresh = await _chat(http, _prompt("b"), max_tokens=4, stream=False)
         fresh_worker = (await decisions.of(fresh.request_id)).worker_id
         await asyncio.sleep(0.5)  # its KV events reach the router
-        learned = await _routed_with_cache(http, decisions, _prompt("b"))
+        learned = (await _routed_with_cache(http, decisions, _prompt("b")))[-1]
 
     in_flight = [o for o in outcomes if o.started < killed_at < o.ended]
     assert in_flight, "no request was in flight when nats-server was killed"
@@ -244,5 +246,8 @@ async def test_stack_survives_a_killed_and_restarted_nats_server(
     assert all(o.is_complete or o.is_typed_error for o in outcomes), outcomes
     assert [m["id"] for m in models["data"]] == [MODEL]
     # The index kept what it knew, and learns from the events stored after the restart.
-    assert after.worker_id == before.worker_id, "the router lost a worker's blocks"
+    assert after.worker_id == before.worker_id, (
+        f"the router lost a worker's blocks: before {before.candidates}, "
+        f"after {after_tries[0].candidates}"
+    )
     assert learned.worker_id == fresh_worker, "the router missed events stored after the restart"

@@ -27,6 +27,7 @@ from shared.messages import (
     Cancel,
     Generate,
     RequestFailed,
+    RouteDecision,
     SamplingParams,
     TokenBatch,
     WorkerEvent,
@@ -493,3 +494,25 @@ async def test_a_killed_worker_is_lost_and_its_requests_named(
         (stream.request_id,),
         "no_responders",
     )
+
+
+async def test_a_request_whose_end_is_never_heard_stops_weighing_after_a_load_report(
+    nats_url: str, subjects: Subjects, nc: Client, model_info: ModelInfo
+) -> None:
+    # A peer's decision for a request that never reaches the worker (as when nats-server went
+    # away with it): the worker's next load report, which leaves it out, ends it here.
+    ghost = RouteDecision(
+        request_id="ghost", router_id="peer", worker_id="w", model=MODEL, mode="kv"
+    )
+    async with (
+        running_mocker(nats_url, subjects, model_info, worker_id="w"),
+        running_router(nats_url, subjects, load_settle_after_s=0.2) as router,
+    ):
+        await nc.publish(subjects.decisions, codec.encode(ghost))
+        await eventually_async(lambda: "ghost" in router.core.load, message="no ghost counted")
+        # Older than --load-settle-after-s by the worker's next load report (a heartbeat).
+        await eventually_async(lambda: len(router.core.load) == 0, message="the ghost stayed")
+        ended = router.metrics.base.registry.get_sample_value(
+            "jetserve_router_unheard_ends_total", {"how": "load_report"}
+        )
+    assert ended == 1

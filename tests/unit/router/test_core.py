@@ -224,6 +224,40 @@ class TestLoadAccounting:
         assert core.sweep(11) == (1, 0)
         assert core.load.decode_blocks("w1") == 0
 
+    def test_a_worker_report_ends_the_oldest_requests_it_no_longer_holds(self) -> None:
+        # Ends that were never heard (lifecycle messages lost while nats-server was away).
+        core = _core()
+        for i in range(3):
+            core.commit(core.decide(_gen(f"r{i}"), _cards("w1"), now=i, rng=RNG), now=i)
+        assert core.on_load(WorkerLoad(worker_id="w1", active=1), now=10) == ["r0", "r1"]
+        assert core.load.worker_of("r2") == "w1"
+        assert core.load.requests("w1") == 1
+        assert core.on_load(WorkerLoad(worker_id="w1", active=1), now=11) == []
+
+    def test_waiting_requests_count_as_held(self) -> None:
+        core = _core()
+        for i in range(3):
+            core.commit(core.decide(_gen(f"r{i}"), _cards("w1"), now=0, rng=RNG), now=0)
+        assert core.on_load(WorkerLoad(worker_id="w1", active=1, waiting=2), now=10) == []
+        assert core.load.requests("w1") == 3
+
+    def test_a_request_on_its_way_is_not_ended_by_a_report_that_misses_it(self) -> None:
+        core = _core()
+        core.commit(core.decide(_gen("old"), _cards("w1"), now=0, rng=RNG), now=0)
+        core.commit(core.decide(_gen("new"), _cards("w1"), now=9, rng=RNG), now=9)
+        # "new" (1 s old) may not be there yet, and may be the one the worker counts.
+        assert core.on_load(WorkerLoad(worker_id="w1", active=1), now=10) == []
+        assert core.on_load(WorkerLoad(worker_id="w1", active=0), now=10) == ["old"]
+        assert core.load.worker_of("new") == "w1"
+        assert core.on_load(WorkerLoad(worker_id="w1", active=0), now=20) == ["new"]
+        assert len(core.load) == 0
+
+    def test_another_workers_report_ends_nothing_here(self) -> None:
+        core = _core()
+        core.commit(core.decide(_gen(), _cards("w1"), now=0, rng=RNG), now=0)
+        assert core.on_load(WorkerLoad(worker_id="w2", active=0), now=10) == []
+        assert core.load.requests("w1") == 1
+
     def test_rerouting_a_request_moves_its_load(self) -> None:
         core = _core()
         core.commit(core.decide(_gen(), _cards("w1"), now=0, rng=RNG), 0)

@@ -23,6 +23,7 @@ from shared.messages import (
     RoutingHints,
     SamplingParams,
     WorkerCard,
+    WorkerLoad,
 )
 from shared.targets import split_target, target_id
 
@@ -91,6 +92,23 @@ class TestRoles:
         assert core.load.requests(prefill) == 0
         assert core.load.worker_of("r1") == decode
         core.on_phase(RequestPhase(request_id="r1", worker_id=decode, phase="finished"))
+        assert "r1" not in core.load
+
+    def test_reports_end_each_phase_only_on_its_own_worker(self) -> None:
+        core = _core()
+        decision = core.decide(_gen(), _fleet(), now=0, rng=RNG)
+        core.commit(decision, 0)
+        prefill, decode = decision.prefill_worker_id, decision.worker_id
+        # The decode worker has not seen the request while its prefill runs elsewhere.
+        assert core.on_load(WorkerLoad(worker_id=decode), now=10) == []
+        assert core.load.prefill_worker_of("r1") == prefill
+        # The prefill worker's report ends the prefill phase (its "finished" was lost) ...
+        assert core.on_load(WorkerLoad(worker_id=prefill), now=10) == ["r1"]
+        assert core.load.prefill_worker_of("r1") is None
+        assert core.load.worker_of("r1") == decode
+        # ... and then the decode worker's report weighs the decode phase.
+        assert core.on_load(WorkerLoad(worker_id=decode, active=1), now=11) == []
+        assert core.on_load(WorkerLoad(worker_id=decode), now=12) == ["r1"]
         assert "r1" not in core.load
 
     def test_a_lost_prefill_worker_names_no_request_to_migrate(self) -> None:
@@ -178,6 +196,15 @@ class TestDataParallel:
             core.commit(decision, 0)
             ranks.add(decision.dp_rank)
         assert ranks == {0, 1, 2, 3}
+
+    def test_a_workers_report_weighs_all_its_ranks_together(self) -> None:
+        core = _core()
+        for i in range(4):
+            tokens = tuple(range(i * 10_000, i * 10_000 + 64))
+            core.commit(core.decide(_gen(f"r{i}", tokens), [_card("w", dp=4)], now=i, rng=RNG), i)
+        assert core.on_load(WorkerLoad(worker_id="w", active=3, waiting=1), now=10) == []
+        assert core.on_load(WorkerLoad(worker_id="w", active=2), now=10) == ["r0", "r1"]
+        assert sum(core.load.requests(t) for t in ("w", "w#1", "w#2", "w#3")) == 2
 
     def test_removing_a_worker_removes_all_its_ranks(self) -> None:
         core = _core()

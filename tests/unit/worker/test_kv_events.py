@@ -80,9 +80,16 @@ class TestLoadReporter:
     def test_reports_changes_rate_limited(self) -> None:
         reporter = LoadReporter(min_interval_s=0.05)
         assert reporter.due((1,), 0.0)
-        assert not reporter.due((1,), 1.0)  # unchanged
+        assert not reporter.due((1,), 0.5)  # unchanged
         assert not reporter.due((2,), 0.01)  # too soon
         assert reporter.due((2,), 0.06)
+
+    def test_an_unchanged_load_is_reported_again_every_heartbeat(self) -> None:
+        reporter = LoadReporter(min_interval_s=0.05, heartbeat_s=1.0)
+        assert reporter.due((1,), 0.0)
+        assert not reporter.due((1,), 0.99)
+        assert reporter.due((1,), 1.0)
+        assert not reporter.due((1,), 1.5)
 
     def test_idle_reports_at_once(self) -> None:
         reporter = LoadReporter(min_interval_s=0.05)
