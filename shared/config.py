@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from shared.admission import AdmissionPolicy, load_policy
 from shared.metric_names import DEFAULT_PREFIX, prefix_problem
 from shared.nats_auth import NatsAuth
 from shared.subjects import check_token
@@ -581,6 +582,12 @@ class CommonConfig:
         None, "Client certificate (PEM) for a NATS server that verifies clients", common=True
     )
     nats_tls_key: Path | None = setting(None, "The key (PEM) of --nats-tls-cert", common=True)
+    admission_config: Path | None = setting(
+        None,
+        "Admission policy YAML: classes and weights, tenants, API keys, token budgets "
+        "(shared/admission.py); gateways and routers read it, every replica the same file",
+        common=True,
+    )
     metrics_port: int = setting(0, "Port for Prometheus /metrics (0 = off)", ge=0, le=65535)
     metrics_prefix: str = setting(
         DEFAULT_PREFIX,
@@ -599,7 +606,16 @@ class CommonConfig:
             raise SettingError(f"--metrics-prefix ({settings['metrics_prefix'].env}) {problem}")
         if problems := self.nats_auth().problems():
             raise SettingError("; ".join(problems))
+        if self.admission_config is not None:
+            try:
+                load_policy(self.admission_config)
+            except (OSError, ValueError) as exc:
+                raise SettingError(f"--admission-config: {exc}") from exc
         settings.check(self)
+
+    def admission_policy(self) -> AdmissionPolicy:
+        """``--admission-config`` read (checked when this config was made)."""
+        return load_policy(self.admission_config)
 
     def nats_auth(self) -> NatsAuth:
         """The NATS credential and TLS files of this config."""

@@ -172,6 +172,27 @@ class RoutingHints(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     """``nvext.annotations: ["query_instance_id"]``: answer with the worker(s) and ranks the
     router would choose and the token ids (``RouteChoice``), without generating and without
     changing any router state."""
+    # --- admission (issue 26; the gateway resolves and validates all of these) ---------------
+    priority: float = 0.0
+    """``nvext.agent_hints.priority`` / ``x-dynamo-request-priority``: seconds this request
+    jumps ahead of its tier in the router queue (its queue deadline moves earlier by it;
+    negative waits longer)."""
+    strict_priority: int = 0
+    """``nvext.agent_hints.strict_priority`` / ``x-dynamo-request-strict-priority``: the queue
+    tier; a higher tier is always served first."""
+    policy_class: str | None = None
+    """The admission class (``--admission-config``): from the tenant or API key, or
+    ``x-dynamo-meta-policy-class`` where allowed. ``None``: the default class."""
+    tenant: str | None = None
+    """Whose token budget the request spends (``x-tenant-id`` or the API key's tenant)."""
+    session_id: str | None = None
+    """``X-Dynamo-Session-ID`` (or an agent session header): the session's turns stay on one
+    worker (router ``--session-affinity-ttl-s``)."""
+    osl: int | None = None
+    """``nvext.agent_hints.osl``: the expected output tokens (the router's decode-load estimate)."""
+    speculative_prefill: bool = False
+    """``nvext.agent_hints.speculative_prefill``: when this turn finishes, warm the next turn's
+    prefix (prompt + answer) on the same worker."""
 
 
 class Preprocess(Message, frozen=True):
@@ -672,6 +693,8 @@ class RequestPhase(Message, frozen=True, omit_defaults=True):
     phase: Literal["prefill_done", "finished"]
     ts: float = 0.0
     dp_rank: int = 0
+    output_tokens: int = 0
+    """With ``finished``: the tokens the request generated here (token budgets charge them)."""
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -730,6 +753,13 @@ class RouteDecision(Message, frozen=True, omit_defaults=True):
     """For a model with prefill workers: ``remote`` (prefill on ``prefill_worker_id``),
     ``local`` (conditional disaggregation kept the prefill on the decode worker) or
     ``fallback`` (no live prefill worker: aggregated on a decode worker). Empty otherwise."""
+    policy_class: str = ""
+    """The request's admission class (empty: the default class); its ``prefill_tokens`` are
+    what the class was served (``--admission-config``)."""
+    tenant: str = ""
+    """Whose token budget the request spent (empty: none)."""
+    queued_ms: float = 0.0
+    """How long the request waited in the router queue before this decision."""
 
 
 # --- embeddings (issue 10: /v1/embeddings) -----------------------------------------------------

@@ -54,7 +54,14 @@ DISAGG_ENGINES = frozenset({"mocker", "vllm"})
 worker moves no KV between workers and runs one rank)."""
 NATS_AUTH = ("nats_creds", "nats_nkey_seed", "nats_tls_ca", "nats_tls_cert", "nats_tls_key")
 """How every process signs in to a NATS server of yours (``--nats-url``)."""
-UP_COMMON = ("namespace", "log_level", "log_format", "metrics_prefix", *NATS_AUTH)
+UP_COMMON = (
+    "namespace",
+    "log_level",
+    "log_format",
+    "metrics_prefix",
+    "admission_config",
+    *NATS_AUTH,
+)
 """Settings shared by every service that ``jetserve up`` takes and hands to each of them."""
 
 

@@ -43,6 +43,7 @@ def test_defaults() -> None:
         "log_level": "INFO",
         "log_format": "auto",
         "metrics_prefix": "jetserve_",
+        "admission_config": None,
         **dict.fromkeys(NATS_AUTH),
     }
     assert result.service_args == {}

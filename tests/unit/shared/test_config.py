@@ -209,6 +209,7 @@ def test_env_var_names_are_unique_per_service_and_carry_the_prefix() -> None:
         "JETSERVE_LOG_FORMAT",
         "JETSERVE_JS_REPLICAS",
         "JETSERVE_METRICS_PREFIX",
+        "JETSERVE_ADMISSION_CONFIG",
         "JETSERVE_NATS_CREDS",
         "JETSERVE_NATS_NKEY_SEED",
         "JETSERVE_NATS_TLS_CA",
