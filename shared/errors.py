@@ -169,6 +169,29 @@ class AllWorkersOverloaded(AllWorkersBusy):
     type = "overloaded_error"
 
 
+class QueueFull(_Unavailable):
+    """The router queue is at its bound (``--queue-max-length``) or the request waited its
+    longest (``--queue-max-wait-s``): Dynamo's overload status, with ``Retry-After``."""
+
+    code = "queue_full"
+    status = 529
+    type = "overloaded_error"
+
+
+class TokenBudgetExceeded(ServiceError):
+    """The tenant spent its tokens per minute (``--admission-config``); ``Retry-After`` says
+    when enough of them are a minute old. OpenAI's body: type ``tokens``, code
+    ``rate_limit_exceeded``."""
+
+    code = "rate_limit_exceeded"
+    status = 429
+    type = "tokens"
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+
+
 class UpstreamTimeout(ServiceError):
     code = "timeout"
     status = 504
@@ -194,6 +217,7 @@ def _known_types() -> dict[str, str]:
 _STATUS_TYPES = {
     400: "invalid_request_error",
     404: "not_found_error",
+    429: "tokens",
     503: "service_unavailable",
     504: "timeout",
 }
