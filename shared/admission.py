@@ -80,9 +80,11 @@ class AdmissionPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.quantum_tokens < 1:
             found.append("quantum_tokens must be >= 1")
         for name, tenant in self.tenants.items():
-            for cls in (tenant.cls, *tenant.classes):
-                if cls is not None and cls not in self.classes:
-                    found.append(f"tenants.{name}: class {cls!r} is not in classes")
+            found.extend(
+                f"tenants.{name}: class {cls!r} is not in classes"
+                for cls in (tenant.cls, *tenant.classes)
+                if cls is not None and cls not in self.classes
+            )
             if tenant.tokens_per_minute is not None and tenant.tokens_per_minute < 1:
                 found.append(f"tenants.{name}.tokens_per_minute must be >= 1")
         for key, tenant_name in self.api_keys.items():

@@ -16,9 +16,12 @@ from typing import Any, Literal
 import msgspec
 
 from shared.messages import (
+    AdmissionBacklog,
+    AdmissionServed,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    BusyThresholdsChanged,
     Cancel,
     CountTokens,
     Embed,
@@ -156,6 +159,12 @@ ROUTER_SNAPSHOT = Opaque(
 )
 LEASE_HOLDER = Opaque("LeaseHolder", "The holding router's id (UTF-8).", "text/plain")
 UPLOAD_LEASE = Opaque("UploadLease", "Empty: the key's creation is the lease.")
+SESSION_BINDING = Opaque(
+    "SessionBinding",
+    "MessagePack StoredBinding of services/router/sessions.py: worker_id, dp_rank, router_id; "
+    "the key is shared.sessions.session_key(model, session id).",
+    content_type="application/msgpack",
+)
 
 SERVICES: dict[str, str] = {
     "gateway": "HTTP (OpenAI, Anthropic) and gRPC (KServe v2) front end.",
@@ -183,7 +192,9 @@ PARAMETERS: dict[str, str] = {
     "chunk_id": "A chunk of a stored object (nats-server's NUID); read objects with the object "
     "store API (`nats object get`), not by subscribing.",
     "lease_key": "sha256 of `<object name>\\n<content digest>`.",
+    "session_key": "sha256 of `<model>\\0<session id>` (hex, 40 characters).",
     "key": "The lease key (`snapshot-writer`).",
+    "model_key": "A model's name in unpadded base64url (`shared.subjects.busy_thresholds_key`).",
 }
 
 _NS = "__namespace__"
@@ -506,6 +517,30 @@ CHANNELS: tuple[Channel, ...] = (
         subscribers=(Sub("router", via=Subjects.load_all),),
     ),
     Channel(
+        name="busy_threshold",
+        subject=Subjects.busy_threshold,
+        summary="One model's busy thresholds, set through the gateway's `POST /busy_threshold`: "
+        "every router applies them at once.",
+        messages=(BusyThresholdsChanged,),
+        publishers=(Pub("gateway"),),
+        subscribers=(Sub("router"),),
+        description="Sent after the value is stored in the `busy_thresholds` bucket; `revision` "
+        "(the bucket's) orders a message and a router's read of the bucket.",
+    ),
+    Channel(
+        name="busy_thresholds",
+        subject=Subjects.busy_thresholds_bucket,
+        summary="Each model's busy thresholds (`POST /busy_threshold`), replacing the routers' "
+        "`--active-*` settings for it; a router starting up applies them.",
+        messages=(BusyThresholdsChanged,),
+        publishers=(Pub("gateway"),),
+        subscribers=(Sub("gateway", note="`GET /busy_threshold` reads it"), Sub("router")),
+        description="A KV bucket keyed by the model's name in unpadded base64url; a deleted key "
+        "(every threshold set to null) gives the model back the routers' settings.",
+        transport="kv",
+        key="model_key",
+    ),
+    Channel(
         name="lifecycle",
         subject=Subjects.lifecycle,
         summary="A request's prefill is done, or it finished, on a worker.",
@@ -522,6 +557,39 @@ CHANNELS: tuple[Channel, ...] = (
         messages=(RouteDecision,),
         publishers=(Pub("router"),),
         subscribers=(Sub("router", note="peer routers apply them"), Sub("tap")),
+    ),
+    Channel(
+        name="admission_served",
+        subject=Subjects.admission_served,
+        summary="What a router admitted in the last interval: uncached prompt tokens per policy "
+        "class, prompt + output tokens per tenant (issue 26, decision 026).",
+        messages=(AdmissionServed,),
+        publishers=(Pub("router", note="every `--ledger-interval-s` while it routes"),),
+        subscribers=(Sub("router", via=Subjects.admission_all, note="replayed at start"),),
+        transport="jetstream",
+        store=Subjects.admission_stream,
+    ),
+    Channel(
+        name="admission_backlog",
+        subject=Subjects.admission_backlog,
+        summary="What waits in a router's queue: prompt tokens per model and class, and the "
+        "waiting request ids (a class waiting anywhere takes its share; a formatter asking "
+        "about a queued request hears `queued`).",
+        messages=(AdmissionBacklog,),
+        publishers=(
+            Pub(
+                "router", note="on change (at most every 50 ms), every second while anything waits"
+            ),
+        ),
+        subscribers=(
+            Sub(
+                "router",
+                via=Subjects.admission_backlog_all,
+                note="peers, live; a starting router replays the stream",
+            ),
+        ),
+        description="Core NATS, live; the `admission_served` channel's stream keeps these "
+        "too (its subjects are `admission.>`), so a starting router replays the last ones.",
     ),
     Channel(
         name="embed",
@@ -642,6 +710,22 @@ CHANNELS: tuple[Channel, ...] = (
         subscribers=(Sub("router"),),
         transport="kv",
         key="key",
+    ),
+    Channel(
+        name="sessions",
+        subject=Subjects.sessions_bucket,
+        summary="Session affinity: which worker (and rank) each session's turns go to "
+        "(router `--session-affinity-ttl-s`).",
+        messages=(SESSION_BINDING,),
+        publishers=(Pub("router"),),
+        subscribers=(Sub("router"),),
+        description="A KV bucket, max age = the session TTL: every router replica watches it "
+        "into memory. A first turn's router creates the key (compare-and-set: racing routers "
+        "agree on the winner); a binding moves (compare-and-set on its revision) only when "
+        "its worker died or, in soft mode, is busy; a used binding is rewritten (its TTL "
+        "restarted) at most every quarter TTL.",
+        transport="kv",
+        key="session_key",
     ),
 )
 

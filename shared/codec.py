@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from shared.messages import GatewayEvent, PrefillAnswer, WorkerEvent
+from shared.messages import AdmissionRecord, GatewayEvent, PrefillAnswer, WorkerEvent
 
 T = TypeVar("T")
 
@@ -50,3 +50,5 @@ PREFILL_ANSWERS: Decoder[PrefillAnswer] = Decoder(PrefillAnswer)
 GATEWAY_EVENTS: Decoder[GatewayEvent] = Decoder(GatewayEvent)
 """What a gateway's reply subject carries: ``ResponseChunk``, ``RequestFailed``
 (or ``TensorResult``)."""
+ADMISSION_RECORDS: Decoder[AdmissionRecord] = Decoder(AdmissionRecord)
+"""What the admission stream carries: ``AdmissionServed`` or ``AdmissionBacklog``."""

@@ -440,6 +440,8 @@ class RouteStatus(Message, frozen=True):
     it (it was lost before routing: a router died holding it)."""
 
     worker_id: str | None = None
+    queued: bool = False
+    """The request waits in a live router's queue: routed later, not lost."""
 
 
 class StreamResume(Message, frozen=True):
@@ -686,6 +688,27 @@ class WorkerLoad(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     ts: float = 0.0
 
 
+class BusyThresholdsChanged(
+    msgspec.Struct, frozen=True, kw_only=True, tag=True, omit_defaults=True
+):
+    """Gateway -> every router on ``<ns>.v1.router.busy_threshold`` (``POST /busy_threshold``),
+    and the value stored under the model in the busy-thresholds KV bucket: one model's busy
+    thresholds, replacing the routers' ``--active-*`` settings for it. All three ``None``: the
+    model's entry was deleted, and the routers' settings apply again."""
+
+    model: str
+    active_decode_blocks_threshold: float | None = None
+    """Busy when used KV blocks / total exceed this fraction (0..1)."""
+    active_prefill_tokens_threshold: int | None = None
+    """Busy when active prefill tokens exceed this count."""
+    active_prefill_tokens_threshold_frac: float | None = None
+    """Busy when active prefill tokens exceed this fraction of the worker's KV capacity in
+    tokens (``kv_blocks * block_size``: the card has no max-batched-tokens figure)."""
+    revision: int = 0
+    """The bucket's revision of this value: a router keeps the highest per model, so a message
+    and the bucket read at start may arrive in either order."""
+
+
 class RequestPhase(Message, frozen=True, omit_defaults=True):
     """Worker -> routers on ``<ns>.v1.lifecycle.<worker_id>``: ``prefill_done`` or ``finished``."""
 
@@ -760,6 +783,44 @@ class RouteDecision(Message, frozen=True, omit_defaults=True):
     """Whose token budget the request spent (empty: none)."""
     queued_ms: float = 0.0
     """How long the request waited in the router queue before this decision."""
+    output_blocks: int = 0
+    """``ceil(agent_hints.osl / block size)``: the KV blocks its expected output will take,
+    counted in its decode target's load from the start (Dynamo's expected output tokens)."""
+
+
+# --- admission (issue 26: the router queue's shared ledger) -------------------------------------
+
+
+class AdmissionServed(msgspec.Struct, frozen=True, kw_only=True, tag=True, omit_defaults=True):
+    """Router -> the ``<NS>_ADMISSION`` stream, about every ``ledger_interval_s`` while it
+    routes: what it admitted since its last record. Every replica sums every replica's records
+    over the window, so classes' shares and tenants' budgets hold across replicas and restarts."""
+
+    router_id: str
+    ts: float
+    """Wall clock at the end of the interval the record covers."""
+    served: dict[str, int] = msgspec.field(default_factory=dict)
+    """Policy class -> uncached prompt tokens routed (what fair shares count)."""
+    spent: dict[str, int] = msgspec.field(default_factory=dict)
+    """Tenant -> prompt tokens routed plus output tokens finished (what budgets count)."""
+
+
+class AdmissionBacklog(msgspec.Struct, frozen=True, kw_only=True, tag=True, omit_defaults=True):
+    """Router -> peers (core NATS, also kept in the ``<NS>_ADMISSION`` stream for a starting
+    replica), on change and every second while anything waits: the prompt tokens waiting in its
+    queue. A class waiting at any replica takes its share; a router silent for a few seconds is
+    gone, and so is its backlog."""
+
+    router_id: str
+    ts: float
+    queued: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
+    """Model -> policy class -> prompt tokens waiting (a class waits for its model's workers)."""
+    waiting: tuple[str, ...] = ()
+    """The ids of the requests waiting there: any replica can tell a formatter asking about one
+    that it is queued, not lost (``RouteStatus.queued``)."""
+
+
+AdmissionRecord = AdmissionServed | AdmissionBacklog
 
 
 # --- embeddings (issue 10: /v1/embeddings) -----------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 from dataclasses import dataclass
 
@@ -178,6 +179,17 @@ class Subjects:
         return f"{self._p}.lifecycle.*"
 
     @property
+    def busy_threshold(self) -> str:
+        """Gateway -> every router (broadcast): ``BusyThresholdsChanged`` (``/busy_threshold``)."""
+        return f"{self._p}.router.busy_threshold"
+
+    @property
+    def busy_thresholds_bucket(self) -> str:
+        """KV bucket of each model's busy thresholds (``BusyThresholdsChanged``), keyed by
+        ``busy_thresholds_key(model)``: what a router starting up applies."""
+        return f"{self.namespace}_busy_thresholds"
+
+    @property
     def decisions(self) -> str:
         """Every routing decision (peers apply them; ``jetserve tap`` shows them)."""
         return f"{self._p}.decisions"
@@ -192,11 +204,39 @@ class Subjects:
         """KV bucket holding the snapshot-writer lease."""
         return f"{self.namespace}_router_lease"
 
+    # --- admission (issue 26) -------------------------------------------------------------------
+    def admission_served(self, router_id: str) -> str:
+        """Router -> ``admission_stream``: ``AdmissionServed`` records."""
+        return f"{self._p}.admission.served.{router_id}"
+
+    def admission_backlog(self, router_id: str) -> str:
+        """Router -> ``admission_stream``: ``AdmissionBacklog`` (the last one per router kept)."""
+        return f"{self._p}.admission.backlog.{router_id}"
+
+    @property
+    def admission_backlog_all(self) -> str:
+        return f"{self._p}.admission.backlog.*"
+
+    @property
+    def admission_all(self) -> str:
+        return f"{self._p}.admission.>"
+
+    @property
+    def admission_stream(self) -> str:
+        """JetStream stream of the routers' admission ledger (served tokens, budgets, backlog)."""
+        return f"{self.namespace.upper()}_ADMISSION"
+
     # --- durable state (JetStream) ------------------------------------------------------------
     @property
     def workers_bucket(self) -> str:
         """KV bucket of worker cards, keyed by worker id, kept alive by heartbeat."""
         return f"{self.namespace}_workers"
+
+    @property
+    def sessions_bucket(self) -> str:
+        """KV bucket of session -> worker bindings (router ``--session-affinity-ttl-s``), kept
+        by every router replica, expiring by max age (the session TTL)."""
+        return f"{self.namespace}_sessions"
 
     @property
     def models_store(self) -> str:
@@ -235,6 +275,12 @@ class Subjects:
         """Gateway -> one media worker, request/reply: ``MediaGenerate``, answered
         ``MediaResult`` (images and videos skip the LLM stages)."""
         return f"{self._p}.worker.{worker_id}.media"
+
+
+def busy_thresholds_key(model: str) -> str:
+    """A model's key in ``busy_thresholds_bucket``: its name in unpadded base64url (a KV key
+    allows neither spaces nor every character a model name may hold)."""
+    return base64.urlsafe_b64encode(model.encode()).decode().rstrip("=")
 
 
 def request_id_of(subject: str) -> str:

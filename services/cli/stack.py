@@ -207,6 +207,8 @@ class StackConfig:
     log_level: str = "INFO"
     log_format: str = "json"
     metrics_prefix: str = DEFAULT_PREFIX
+    admission_config: Path | None = None
+    """``--admission-config``: every service gets it (gateways and routers read it)."""
     """What every Prometheus metric name of every process starts with (``--metrics-prefix``)."""
     log_to_terminal: bool = False
     run_dir: Path | None = None
@@ -242,6 +244,11 @@ class StackConfig:
             "extra_env": plan.nats_env(),
         }
         return cls(**given)
+
+
+def admission_env(path: Path | None) -> dict[str, str]:
+    """``--admission-config`` as every service's env (absolute: services start elsewhere)."""
+    return {} if path is None else {"JETSERVE_ADMISSION_CONFIG": str(path.resolve())}
 
 
 class Stack:
@@ -440,6 +447,7 @@ class Stack:
             "JETSERVE_LOG_LEVEL": self.config.log_level,
             "JETSERVE_LOG_FORMAT": self.config.log_format,
             "JETSERVE_METRICS_PREFIX": self.config.metrics_prefix,
+            **admission_env(self.config.admission_config),
             **self.config.extra_env,
             **({"JETSERVE_NATS_NKEY_SEED": str(self.seeds[name])} if name in self.seeds else {}),
         }

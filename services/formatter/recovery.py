@@ -195,8 +195,10 @@ class Recovery:
         """If no router knows the request, a router died holding it (or its Generate was lost)."""
         request_id = state.open.request_id
         status = await self._route_status(request_id)
-        if status is None:
-            state.route_checked = False  # nothing learned: ask again at the next sweep
+        if status is None or status.queued:
+            # Nothing learned, or it waits in a live router's queue: ask again at the next
+            # sweep (a router that dies holding it stops saying so, and then it moves).
+            state.route_checked = False
             return
         if status.worker_id is not None:
             if not state.worker_id:  # known now: a stall check can ask it (decision 018)

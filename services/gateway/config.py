@@ -236,6 +236,11 @@ class GatewayConfig(CommonConfig):
         parse=check_path,
         also_env=("DYN_HTTP_SVC_METRICS_PATH",),
     )
+    busy_threshold_path: str = setting(
+        DEFAULT_PATHS.busy_threshold,
+        "HTTP path of: Per-model busy thresholds for every router (POST sets, GET lists)",
+        parse=check_path,
+    )
 
     allow_unknown_fields: bool = setting(
         False,

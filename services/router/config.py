@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass
 
 from services.router.load import DEFAULT_SETTLE_AFTER_S
+from services.router.sessions import AFFINITY_MODES
 from shared import kv_stream
 from shared.config import CommonConfig, computed_setting, setting
 from shared.registry import DEFAULT_WORKER_TTL_S
@@ -76,6 +77,13 @@ class RouterConfig(CommonConfig):
         ge=0,
         aliases=("JETSERVE_ACTIVE_PREFILL_TOKENS_THRESHOLD",),
     )
+    active_prefill_tokens_threshold_frac: float | None = setting(
+        None,
+        "Busy when active prefill tokens exceed this fraction of the worker's KV capacity in "
+        "tokens (its card's blocks x block size; unset = off)",
+        ge=0,
+        aliases=("JETSERVE_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC",),
+    )
     busy_status: int = setting(503, "HTTP status when all workers are busy", choices=(503, 529))
     busy_retry_after_s: float = setting(1.0, "Retry-After when all workers are busy", ge=0)
     load_stale_s: float = setting(
@@ -83,6 +91,39 @@ class RouterConfig(CommonConfig):
     )
     request_ttl_s: float = setting(
         600.0, "Forget an active request whose end was never heard after this long", gt=0
+    )
+    queue_max_length: int = setting(
+        1024,
+        "Requests of one model that may wait in this router's queue when every worker is "
+        "busy; one more is a 529 with Retry-After (0 = no queue: busy answers at once)",
+        ge=0,
+    )
+    queue_max_wait_s: float = setting(
+        30.0, "A queued request not routed after this long is a 529 with Retry-After", gt=0
+    )
+    fairness_window_s: float = setting(
+        60.0,
+        "Classes' served tokens (fair shares) and tenants' spent tokens count over this window "
+        "(budgets are per minute: keep it at 60 with budgets)",
+        gt=0,
+    )
+    ledger_interval_s: float = setting(
+        0.2,
+        "How often the router stores what it admitted in the admission stream (what a "
+        "restarted or new router replays)",
+        gt=0,
+    )
+    session_affinity_ttl_s: float = setting(
+        0.0,
+        "Keep a session's turns (X-Dynamo-Session-ID) on one worker, the binding shared by "
+        "every router replica and forgotten this long after its last use (0 = off)",
+        ge=0,
+    )
+    session_affinity_mode: str = setting(
+        "soft",
+        "hard = a session's turns go to its bound worker while it lives (a constraint); soft = "
+        "while it lives and is under the busy thresholds, else the binding moves (a preference)",
+        choices=AFFINITY_MODES,
     )
     load_settle_after_s: float = setting(
         DEFAULT_SETTLE_AFTER_S,

@@ -15,7 +15,7 @@ events, cancels and load reports, and publishes what ``decide`` returns.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -86,6 +86,12 @@ def _unknown(_: str) -> WorkerCard | None:
     return None
 
 
+def _session_cards(fleet: Fleet, target: str) -> tuple[WorkerCard, ...]:
+    """The card of a session's bound target in ``fleet`` (empty: not there)."""
+    index = fleet.position.get(target)
+    return () if index is None else (fleet.cards[index],)
+
+
 class RoutingCore:
     """Decides where each request goes and keeps the state every replica shares."""
 
@@ -110,6 +116,8 @@ class RoutingCore:
         estimated from the routing decisions (approximate), whatever the mode."""
         self._policy = policy
         self._fleets = FleetCache()
+        self.busy_by_model: Mapping[str, BusyThresholds] = {}
+        """Thresholds set at run time per model (``thresholds.py``), over ``settings.busy``."""
         if policy is None and settings.mode in ("round-robin", "random"):
             self._policy = build_policy(settings.mode, seed=settings.seed)
 
@@ -126,6 +134,7 @@ class RoutingCore:
         now: float,
         rng: random.Random,
         known: KnownCard = _unknown,
+        session_target: str | None = None,
     ) -> RouteDecision:
         """Where ``gen`` goes among the ``live`` workers of its model; changes no state.
 
@@ -138,13 +147,17 @@ class RoutingCore:
         ``known`` gives a worker's card whatever its state, so that a pin to a worker that is
         not live tells "unknown" (400) from "dead" (503) (``pins.py``).
 
+        ``session_target``: the (decode or aggregated) target a session is bound to
+        (``sessions.py``): the choice is made among it alone, busy checks and mode as for any
+        request; ignored under a pin or when it is not in the fleet.
+
         Raises:
             InvalidRequest: a bad pin (``pins.py``), or ``direct`` mode without one (400).
             NoWorkerAvailable: no live worker serves the model, a pinned worker is not live, or
                 no prefill worker lives under ``enforce_disagg`` (503).
             AllWorkersBusy: every live worker is over a busy threshold (503 or 529).
         """
-        return self._two_phase(gen, live, now, rng, known, exhaustive=False)
+        return self._two_phase(gen, live, now, rng, known, session_target, exhaustive=False)
 
     def decide_exhaustive(
         self,
@@ -154,10 +167,11 @@ class RoutingCore:
         now: float,
         rng: random.Random,
         known: KnownCard = _unknown,
+        session_target: str | None = None,
     ) -> RouteDecision:
         """``decide`` with every worker scored one by one, whatever the settings: the
         straightforward computation that the sparse one must agree with."""
-        return self._two_phase(gen, live, now, rng, known, exhaustive=True)
+        return self._two_phase(gen, live, now, rng, known, session_target, exhaustive=True)
 
     def _two_phase(
         self,
@@ -166,18 +180,26 @@ class RoutingCore:
         now: float,
         rng: random.Random,
         known: KnownCard,
+        session_target: str | None,
         *,
         exhaustive: bool,
     ) -> RouteDecision:
         fleet = self._fleet(gen, live)
         pins = resolve_pins(gen, fleet, known)
         hints = gen.routing or _NO_HINTS
+        bound = None
+        if session_target is not None and pins.decode is None:
+            bound = _session_cards(fleet.decode or fleet, session_target)
         if not fleet.is_disaggregated:
             pool = fleet if pins.decode is None else fleet.subset(pins.decode)
+            if bound:
+                pool = fleet.subset(bound)
             return self._pool(gen, pool, hints, now, rng, pins.decode, exhaustive)
         assert fleet.decode is not None
         assert fleet.prefill is not None
         decode = fleet.decode if pins.decode is None else fleet.subset(pins.decode)
+        if bound:
+            decode = fleet.subset(bound)
         if not decode:
             raise NoWorkerAvailable(
                 f"no live decode worker serves model {gen.model}", retry_after_s=1.0
@@ -244,7 +266,7 @@ class RoutingCore:
             and len(fleet) > LIST_ALL_UP_TO
             and (self.uses_approx or not fleet.eventless)
             and pinned is None
-            and not self.settings.busy.enabled
+            and not self.busy_of(gen.model).enabled
             and self._temperature(hints) <= 0.0
         )
         decision = self._decide(gen, fleet, hints, now, rng, sparse=sparse, pinned=pinned)
@@ -298,7 +320,7 @@ class RoutingCore:
             idle_workers, idle_cost = choice.idle_workers, choice.idle_cost
             unlisted = choice.unlisted_workers
             best = next(c for c in candidates if c.worker_id == choice.worker_id)
-        elif self._policy is not None and not is_pinned and not self.settings.busy.enabled:
+        elif self._policy is not None and not is_pinned and not self.busy_of(gen.model).enabled:
             # round-robin / random: the policy picks; costs are only shown (a small fleet's all)
             chosen = self._policy.choose(gen, fleet.cards).worker_id
             if len(fleet) <= LIST_ALL_UP_TO:
@@ -309,7 +331,7 @@ class RoutingCore:
             best = next(c for c in candidates if c.worker_id == chosen)
         else:
             cards = fleet.cards
-            check_busy = not is_pinned and self.settings.busy.enabled
+            check_busy = not is_pinned and self.busy_of(gen.model).enabled
             candidates = [
                 scorer.score(c.worker_id, check_busy and self._is_busy(c, now)) for c in cards
             ]
@@ -330,6 +352,9 @@ class RoutingCore:
             idle_workers=idle_workers,
             idle_cost=idle_cost,
             unlisted_workers=unlisted,
+            policy_class=hints.policy_class or "",
+            output_blocks=-(-hints.osl // block_size) if hints.osl else 0,
+            tenant=hints.tenant or "",
         )
 
     @staticmethod
@@ -369,8 +394,16 @@ class RoutingCore:
             )
         return fleet
 
+    def is_busy(self, card: WorkerCard, now: float) -> bool:
+        """Whether a target (its card) is over a busy threshold now (False with none set)."""
+        return self._is_busy(card, now)
+
+    def busy_of(self, model: str) -> BusyThresholds:
+        """The model's busy thresholds: set at run time, else the router's settings."""
+        return self.busy_by_model.get(model, self.settings.busy)
+
     def _is_busy(self, card: WorkerCard, now: float) -> bool:
-        thresholds = self.settings.busy
+        thresholds = self.busy_of(card.model)
         if not thresholds.enabled:
             return False
         return is_busy(
@@ -378,6 +411,7 @@ class RoutingCore:
             report=self.reports.fresh(worker_of(card.worker_id), now),
             tracked_prefill_tokens=self.load.prefill_tokens(card.worker_id),
             kv_total_blocks=card.kv_blocks,
+            kv_capacity_tokens=card.kv_blocks * card.block_size,
         )
 
     def _choose(
@@ -430,7 +464,7 @@ class RoutingCore:
             decision.request_id,
             target,
             block_hashes=decision.block_hashes,
-            prompt_blocks=decision.prompt_blocks,
+            prompt_blocks=decision.prompt_blocks + decision.output_blocks,
             prefill_tokens=0 if remote else decision.prefill_tokens,
             now=now,
         )

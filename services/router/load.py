@@ -333,10 +333,18 @@ class BusyThresholds:
     """``--active-decode-blocks-threshold``: busy when used KV blocks / total > this (0..1)."""
     prefill_tokens: int | None = None
     """``--active-prefill-tokens-threshold``: busy when active prefill tokens > this."""
+    prefill_tokens_frac: float | None = None
+    """``--active-prefill-tokens-threshold-frac``: busy when active prefill tokens > this
+    fraction of the worker's KV capacity in tokens (``kv_blocks * block_size`` of its card,
+    which has no max-batched-tokens figure, Dynamo's base for it)."""
 
     @property
     def enabled(self) -> bool:
-        return self.decode_blocks_frac is not None or self.prefill_tokens is not None
+        return (
+            self.decode_blocks_frac is not None
+            or self.prefill_tokens is not None
+            or self.prefill_tokens_frac is not None
+        )
 
 
 class WorkerReports:
@@ -366,12 +374,15 @@ def is_busy(
     report: WorkerLoad | None,
     tracked_prefill_tokens: int,
     kv_total_blocks: int = 0,
+    kv_capacity_tokens: int = 0,
 ) -> bool:
     """Dynamo's busy rule for one worker.
 
     KV usage comes from the worker's own (fresh) report, since only the engine knows what it
     evicted; prefill tokens are the larger of the report and this router's own count.
-    ``kv_total_blocks`` (from the worker card) stands in when the report has no total.
+    ``kv_total_blocks`` (from the worker card) stands in when the report has no total;
+    ``kv_capacity_tokens`` (the card's blocks times its block size) is what
+    ``prefill_tokens_frac`` is a fraction of (0: that check is off for the worker).
     """
     if thresholds.decode_blocks_frac is not None and report is not None:
         total = report.kv_total_blocks or kv_total_blocks
@@ -380,5 +391,10 @@ def is_busy(
     if thresholds.prefill_tokens is not None:
         reported = report.prefill_tokens if report is not None else 0
         if max(reported, tracked_prefill_tokens) > thresholds.prefill_tokens:
+            return True
+    frac = thresholds.prefill_tokens_frac
+    if frac is not None and kv_capacity_tokens > 0:
+        reported = report.prefill_tokens if report is not None else 0
+        if max(reported, tracked_prefill_tokens) > frac * kv_capacity_tokens:
             return True
     return False

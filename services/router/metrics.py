@@ -64,6 +64,56 @@ class RouterMetrics:
             "Requests in flight as this replica accounts them (all replicas' decisions)",
             registry=registry,
         )
+        self.queue_depth = Gauge(
+            "jetserve_router_queue_depth",
+            "Requests waiting in this replica's router queue",
+            registry=registry,
+        )
+        self.queue_outcomes = Counter(
+            "jetserve_router_queue_requests_total",
+            "Router queue events, by outcome (queued, routed, full, expired, cancelled)",
+            ["outcome"],
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "jetserve_router_queue_wait_seconds",
+            "How long a queued request waited before it was routed",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=registry,
+        )
+        self.served_tokens = Counter(
+            "jetserve_router_served_uncached_tokens_total",
+            "Uncached prompt tokens this replica routed, by policy class (the fair shares' unit)",
+            ["policy_class"],
+            registry=registry,
+        )
+        self.tenant_tokens = Gauge(
+            "jetserve_router_tenant_tokens_last_minute",
+            "Prompt + output tokens each tenant with a budget spent in the last minute, "
+            "fleet-wide, as this replica counts them",
+            ["tenant"],
+            registry=registry,
+        )
+        self.tenant_budget = Gauge(
+            "jetserve_router_tenant_budget_tokens_per_minute",
+            "Each tenant's token budget (--admission-config)",
+            ["tenant"],
+            registry=registry,
+        )
+        self.budget_refusals = Counter(
+            "jetserve_router_budget_refusals_total",
+            "Requests refused with 429 because their tenant spent its tokens per minute",
+            ["tenant"],
+            registry=registry,
+        )
+        self.session_bindings = Counter(
+            "jetserve_router_session_bindings_total",
+            "Session affinity (--session-affinity-ttl-s), by event: hit (a turn went to its "
+            "bound worker), created, moved (dead or, soft, busy worker), refreshed (TTL "
+            "restarted), adopted (another replica's concurrent write won)",
+            ["event"],
+            registry=registry,
+        )
         self.unheard_ends = Counter(
             "jetserve_router_unheard_ends_total",
             "Requests this replica stopped counting without hearing that they ended, by how: "

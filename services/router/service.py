@@ -32,6 +32,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from structlog.contextvars import bound_contextvars
 
+from services.router.admission import Admission
+from services.router.affinity import SessionAffinity
 from services.router.config import RouterConfig
 from services.router.core import CoreSettings, RoutingCore
 from services.router.embeds import EmbedRouting
@@ -41,15 +43,20 @@ from services.router.load import ActiveLoad, BusyThresholds, WorkerReports
 from services.router.metrics import RouterMetrics
 from services.router.prefills import Outcome as PrefillOutcome
 from services.router.prefills import PrefillWaits
+from services.router.session_store import SessionStore
+from services.router.sessions import AffinityMode
 from services.router.snapshots import SnapshotWriter, load_snapshot
 from services.router.sync import KvSync
+from services.router.thresholds import ModelThresholds
 from services.router.workers import WorkerTracker
 from shared import codec
 from shared.bounce import Bounces
 from shared.bus import barrier, drain_subscription
+from shared.busy_thresholds import stored as stored_busy_thresholds
 from shared.errors import InternalError, NoWorkerAvailable, ServiceError, from_message
 from shared.handlers import Boundary
 from shared.messages import (
+    BusyThresholdsChanged,
     Cancel,
     Generate,
     PrefillResult,
@@ -100,6 +107,7 @@ def core_settings(config: RouterConfig) -> CoreSettings:
         busy=BusyThresholds(
             decode_blocks_frac=config.active_decode_blocks_threshold,
             prefill_tokens=config.active_prefill_tokens_threshold,
+            prefill_tokens_frac=config.active_prefill_tokens_threshold_frac,
         ),
         busy_status=config.busy_status,
         busy_retry_after_s=config.busy_retry_after_s,
@@ -151,7 +159,23 @@ class Router:
             reports=WorkerReports(config.load_stale_s),
         )
         self.core.approx.ttl_s = config.router_ttl_s
+        self.admission = Admission(
+            nc,
+            self._subjects,
+            config.admission_policy(),
+            router_id=config.router_id,
+            route=self._route_admitted,
+            fail=self._fail,
+            metrics=self.metrics,
+            queue_max_length=config.queue_max_length,
+            queue_max_wait_s=config.queue_max_wait_s,
+            window_s=config.fairness_window_s,
+            ledger_interval_s=config.ledger_interval_s,
+            replicas=config.js_replicas,
+            clock=clock,
+        )
         self.embeds = EmbedRouting(nc, self._subjects, self._boundary, self.live, self.core.reports)
+        self.sessions = self._session_affinity() if config.session_affinity_ttl_s > 0 else None
         self.feed: KvFeed | None = None
         self.snapshots: SnapshotWriter | None = None
         self._rng = random.Random(config.seed)
@@ -161,6 +185,8 @@ class Router:
         self._tasks = TaskSet()
         self._prefills = PrefillWaits()
         self._workers = WorkerTracker(config.worker_ttl_s)
+        self._thresholds = ModelThresholds()
+        """Busy thresholds set per model at run time (``POST /busy_threshold``)."""
         self.liveness = Liveness(config.worker_unresponsive_s)
         self._reconnects = 0
         self._started_at = time.monotonic()
@@ -195,6 +221,9 @@ class Router:
             subjects.load_all: on(codec.decoder(WorkerLoad), "load", self.on_load),
             subjects.cancel: on(codec.decoder(Cancel), "cancel", self.on_cancel),
             subjects.worker_lost: on(codec.decoder(WorkerLost), "worker_lost", self.on_lost),
+            subjects.busy_threshold: on(
+                codec.decoder(BusyThresholdsChanged), "busy_threshold", self.on_busy_threshold
+            ),
         }
         prefilled = on(codec.PREFILL_ANSWERS, "prefilled", self.on_prefilled)
         follow[subjects.prefill_result(self.router_id)] = prefilled
@@ -202,9 +231,14 @@ class Router:
             self._subs.append(await self._nc.subscribe(subject, cb=callback))
         await self._directory.start()
         await self._bounces.start()
+        is_read = await self._read_busy_thresholds()  # before the first request
+        self._tasks.spawn(self._reread_busy_thresholds(is_read), name="router-busy-thresholds")
+        if self.sessions is not None:  # bindings loaded before the first turn comes
+            await self.sessions.start()
         self._tasks.spawn(self._sweep_loop(), name="router-sweeper")
         self._tasks.spawn(self._probe_loop(), name="router-prober")
         self._tasks.spawn(self._answer_queries_later(), name="router-route-status")
+        await self.admission.start()  # the fleet's shares and budgets, before the first request
         on_route = on(codec.decoder(Generate), "route", self.on_route, reply_to=_stream_to)
         self._route_sub = await self._nc.subscribe(subjects.route, queue=QUEUE_GROUP, cb=on_route)
         await self.embeds.start()
@@ -253,7 +287,10 @@ class Router:
         """Stop taking requests (finishing those already received), then stop following."""
         if self._route_sub is not None:
             await drain_subscription(self._route_sub)
+        await self.admission.stop()
         await self.embeds.stop()
+        if self.sessions is not None:
+            await self.sessions.stop()
         await self._tasks.close()
         for sub in self._subs:
             with contextlib.suppress(Exception):
@@ -267,26 +304,47 @@ class Router:
 
     # --- requests ------------------------------------------------------------------------------
     async def on_route(self, gen: Generate) -> None:
-        """Send ``gen`` to a worker; a failure goes to the formatter (``gen.stream_to``)."""
-        await self._route(gen, ())
+        """Admit ``gen`` (budget, queue) and send it to a worker; a failure goes to the
+        formatter (``gen.stream_to``)."""
+        if gen.routing is not None and gen.routing.query_only:
+            await self._route(gen, ())
+            return
+        await self.admission.admit(gen)
+
+    async def _route_admitted(self, gen: Generate, queued_s: float) -> None:
+        await self._route(gen, (), queued_s=queued_s)
+
+    async def _fail(self, gen: Generate, error: ServiceError) -> None:
+        """End a request that was admitted (queued) but cannot be served."""
+        with bound_contextvars(request_id=gen.request_id):
+            await self._boundary.fail(gen.stream_to, gen.request_id, error)
 
     def rng_for(self, request_id: str) -> random.Random:
         """Seeded: one generator per request, so every replica breaks its ties alike."""
         seed = self._config.seed
         return self._rng if seed is None else random.Random(f"{seed}:{request_id}")
 
-    async def _route(self, gen: Generate, tried: tuple[str, ...]) -> None:
-        """Send ``gen`` to a live worker not in ``tried``; raises ``ServiceError`` if none."""
+    async def _route(self, gen: Generate, tried: tuple[str, ...], *, queued_s: float = 0.0) -> None:
+        """Send ``gen`` to a live worker not in ``tried``; raises ``ServiceError`` if none
+        (``AllWorkersBusy`` when every one is busy: the queue keeps it)."""
         now = self._clock()
         live = self.live(gen.model)
         if tried:
             live = [c for c in live if c.worker_id not in tried]
+        turn = None if self.sessions is None else self.sessions.plan(gen, live, now)
         decision = self.core.decide(
-            gen, live, now=now, rng=self.rng_for(gen.request_id), known=self._known_card
+            gen,
+            live,
+            now=now,
+            rng=self.rng_for(gen.request_id),
+            known=self._known_card,
+            session_target=None if turn is None else turn.plan.target,
         )
         if gen.routing is not None and gen.routing.query_only:
             await self._answer_query(gen, decision)
             return
+        if queued_s:
+            decision = msgspec.structs.replace(decision, queued_ms=round(queued_s * 1000, 3))
         remote = decision.disagg == "remote" and gen.kv_transfer is None
         if not remote:
             routed = _for_worker(gen, decision.worker_id, decision.dp_rank)
@@ -298,6 +356,9 @@ class Router:
         # The bookkeeping after the request is on its way (the publish above does not wait
         # while the socket keeps up, so no other decision comes in between).
         self.core.commit(decision, now)
+        if turn is not None and self.sessions is not None:
+            self.sessions.routed(gen, turn, decision, now)
+        self.admission.on_decision(decision, now)
         await self._nc.publish(self._subjects.decisions, codec.encode(decision))
         self.metrics.decisions.labels(decision.mode).inc()
         self.metrics.overlap_blocks.observe(decision.overlap_blocks)
@@ -318,6 +379,19 @@ class Router:
                 costs={c.worker_id: round(c.cost, 3) for c in decision.candidates},
                 retry=len(tried),
             )
+
+    def _session_affinity(self) -> SessionAffinity:
+        config = self._config
+        store = SessionStore(
+            self._nc.jetstream(),
+            self._subjects,
+            ttl_s=config.session_affinity_ttl_s,
+            router_id=config.router_id,
+            replicas=config.js_replicas,
+            clock=self._clock,
+        )
+        mode: AffinityMode = "hard" if config.session_affinity_mode == "hard" else "soft"
+        return SessionAffinity(self._nc, self._subjects, store, self.core, self.metrics, mode=mode)
 
     def _known_card(self, worker_id: str) -> WorkerCard | None:
         """A worker's card whatever its state (for telling a dead pin from an unknown one)."""
@@ -443,13 +517,17 @@ class Router:
     # --- what keeps replicas in agreement ------------------------------------------------------
     async def on_decision(self, decision: RouteDecision) -> None:
         if decision.router_id != self.router_id:
-            self.core.commit(decision, self._clock())
+            now = self._clock()
+            self.core.commit(decision, now)
+            self.admission.on_decision(decision, now)
 
     async def on_phase(self, phase: RequestPhase) -> None:
         self.core.on_phase(phase)
+        self.admission.on_phase(phase, self._clock())
 
     async def on_load(self, report: WorkerLoad) -> None:
         ended = self.core.on_load(report, self._clock())
+        self.admission.wake()
         if ended:
             self.metrics.unheard_ends.labels("load_report").inc(len(ended))
             log.info(
@@ -461,11 +539,52 @@ class Router:
 
     async def on_cancel(self, cancel: Cancel) -> None:
         worker_id, request_id = cancel.worker_id, cancel.request_id
+        if worker_id is None and self.admission.cancel(request_id):
+            return
         if worker_id is None:
             self._prefills.end(request_id, "cancelled")
         target = self.core.load.worker_of(request_id)
         if worker_id is None or (target is not None and worker_of(target) == worker_id):
             self.core.on_cancel(request_id)
+
+    async def on_busy_threshold(self, message: BusyThresholdsChanged) -> None:
+        """A model's busy thresholds set at run time: applied unless this one is older."""
+        if self._thresholds.apply(message):
+            self.core.busy_by_model = self._thresholds.overrides
+            self.admission.wake()  # raised thresholds may let queued requests go
+            log.info(
+                "busy_thresholds_applied",
+                model=message.model,
+                revision=message.revision,
+                active_decode_blocks_threshold=message.active_decode_blocks_threshold,
+                active_prefill_tokens_threshold=message.active_prefill_tokens_threshold,
+                active_prefill_tokens_threshold_frac=message.active_prefill_tokens_threshold_frac,
+            )
+
+    async def _read_busy_thresholds(self) -> bool:
+        """Apply the stored busy thresholds (set before this router started, or while it was
+        away: a broadcast is not kept); False when the bucket could not be read."""
+        try:
+            stored = await stored_busy_thresholds(self._nc.jetstream(), self._subjects)
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning("busy_thresholds_not_read", error=repr(exc))
+            return False
+        for message in stored:
+            await self.on_busy_threshold(message)
+        return True
+
+    async def _reread_busy_thresholds(self, is_read: bool) -> None:
+        """Read the bucket again after each reconnect to NATS (or after a failed read)."""
+        read_at = self._nc.stats["reconnects"] if is_read else -1
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            reconnects = self._nc.stats["reconnects"]
+            if (
+                reconnects != read_at
+                and self._nc.is_connected
+                and await self._read_busy_thresholds()
+            ):
+                read_at = reconnects
 
     async def on_lost(self, lost: WorkerLost) -> None:
         """A peer found a worker lost: leave it out and free its load here too."""
@@ -492,7 +611,8 @@ class Router:
             load = self.core.load  # a request in its prefill phase is on its prefill worker
             target = load.prefill_worker_of(query.request_id) or load.worker_of(query.request_id)
             worker_id = None if target is None else worker_of(target)
-            status = RouteStatus(request_id=query.request_id, worker_id=worker_id)
+            queued = worker_id is None and self.admission.holds(query.request_id, self._clock())
+            status = RouteStatus(request_id=query.request_id, worker_id=worker_id, queued=queued)
             await msg.respond(codec.encode(status))
         except (codec.DecodeError, nats.errors.Error) as exc:
             log.warning("route_query_failed", error=str(exc))
@@ -616,3 +736,4 @@ class Router:
         self.metrics.index_nodes.set(index.num_nodes)
         self.metrics.active_requests.set(len(self.core.load))
         self.metrics.base.set_in_flight(len(self.core.load))
+        self.admission.observe(self._clock())

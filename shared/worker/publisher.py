@@ -127,16 +127,22 @@ class WorkerPublisher:
             self._now.set()
 
     async def phase(
-        self, request_id: str, phase: Literal["prefill_done", "finished"], dp_rank: int = 0
+        self,
+        request_id: str,
+        phase: Literal["prefill_done", "finished"],
+        dp_rank: int = 0,
+        *,
+        output_tokens: int = 0,
     ) -> None:
         """Publish ``RequestPhase`` (core NATS) so routers move the request's load (of the
-        data-parallel rank ``dp_rank``)."""
+        data-parallel rank ``dp_rank``) and charge its output tokens."""
         message = RequestPhase(
             request_id=request_id,
             worker_id=self.worker_id,
             phase=phase,
             ts=time.time(),
             dp_rank=dp_rank,
+            output_tokens=output_tokens,
         )
         await self._nc.publish(self._subjects.lifecycle(self.worker_id), codec.encode(message))
 

@@ -73,6 +73,7 @@ from shared.worker.outbox import Outbox
 from shared.worker.presence import WorkerPresence
 from shared.worker.publisher import WorkerPublisher
 from shared.worker.records import Emission, EngineError, EngineInput
+from shared.worker.speculative import Speculation
 
 log = structlog.get_logger(__name__)
 
@@ -128,6 +129,8 @@ class WorkerRuntime:
         """One timer task per request in ``_grace``."""
         self._early_cancels = RecentIds(ttl_s=60.0)
         """Cancels for requests not (yet) here: a Generate that arrives after its cancel."""
+        self._speculation = Speculation()
+        """Turns that asked to warm their session's next turn, and those warm-ups running."""
         self._presence = WorkerPresence(
             nc, subjects, ttl_s=config.worker_ttl_s, replicas=config.js_replicas
         )
@@ -348,6 +351,8 @@ class WorkerRuntime:
                 self._handoffs.releases[gen.request_id] = release
         if dp_rank:
             self._handoffs.ranks[gen.request_id] = dp_rank
+        if routing is not None and routing.speculative_prefill:
+            self._speculation.watch(gen, request)
         log.debug("request_received", prompt_tokens=prompt_tokens)
         self._idle.clear()
         self._wake.set()
@@ -404,6 +409,8 @@ class WorkerRuntime:
     # --- EmissionSink: what the engine's run hands over ---------------------------------------
 
     def add(self, emission: Emission) -> bool:
+        if self._speculation:
+            self._speculation.add(emission)
         if self._prefills and emission.request_id in self._prefills:
             return self._handoffs.add(emission, time.time())  # answered on the next flush
         return self._outbox.add(emission)
@@ -414,6 +421,8 @@ class WorkerRuntime:
     async def fail(self, request_id: str, error: ServiceError) -> None:
         """End a request typed on its stream: what it emitted goes first, then the error (a
         prefill phase: the error goes to its router)."""
+        if self._speculation:
+            self._speculation.forget(request_id)
         if self._handoffs.fail(request_id, error):
             await self._flush(())
             log.warning("request_failed", request_id=request_id, code=error.code)
@@ -444,19 +453,54 @@ class WorkerRuntime:
         """``prefill_done`` with a request's first token, ``finished`` with its last batch (of
         its last choice)."""
         for e in emissions:
+            if self._speculation and self._speculative(e):
+                continue
             if e.index == 0 and e.token_ids and e.choice == 0:
                 rank = self._handoffs.rank(e.request_id)
                 await self.publisher.phase(e.request_id, "prefill_done", rank)
             if e.done:
-                await self._finished(e.request_id)
+                await self._finished(e.request_id, e.index + len(e.token_ids))
 
-    async def _finished(self, request_id: str) -> None:
+    async def _finished(self, request_id: str, output_tokens: int = 0) -> None:
         """A request ended here: release its source's blocks if still owed, then routers free
-        its slot."""
+        its slot (and charge its tenant ``output_tokens``: its last choice's count)."""
         subject = self._handoffs.pop_release(request_id)
         if subject is not None:
             await self._release(subject, request_id)
-        await self.publisher.phase(request_id, "finished", self._handoffs.pop_rank(request_id))
+        rank = self._handoffs.pop_rank(request_id)
+        await self.publisher.phase(request_id, "finished", rank, output_tokens=output_tokens)
+
+    def _speculative(self, emission: Emission) -> bool:
+        """True for a speculative prefill's emission (routers never counted it: no phases); a
+        followed turn's last emission starts its speculative prefill (``speculative.py``)."""
+        speculation = self._speculation
+        if speculation.is_speculative(emission.request_id):
+            if emission.done:
+                speculation.ended(emission.request_id)
+            return True
+        if emission.done:
+            warm = speculation.finished(emission, self.context_length)
+            if warm is not None:
+                self._start_speculative(warm)
+        return False
+
+    def _start_speculative(self, request: EngineInput) -> None:
+        """Prefill a finished turn's prompt + answer here (replacing the session's last one)."""
+        spec_id = request.request_id
+        if not self._accepting or self._early_cancels.pop(spec_id, time.monotonic()):
+            self._speculation.ended(spec_id)  # draining, or its next turn already went away
+            return
+        if spec_id in self.engine:
+            self.engine.cancel(spec_id)
+        try:
+            self.engine.add(request)
+        except EngineError as exc:
+            self._speculation.ended(spec_id)
+            log.debug("speculative_prefill_refused", request_id=spec_id, error=str(exc))
+            return
+        log.debug("speculative_prefill_started", request_id=spec_id, tokens=len(request.token_ids))
+        self._idle.clear()
+        self._wake.set()
 
     async def _flush(self, request_ids: Sequence[str]) -> None:
         if self._handoffs.ready:  # prefill phases' answers for their routers

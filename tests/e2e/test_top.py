@@ -1,6 +1,7 @@
 """``jetserve top`` against a running stack: what ``--once`` prints matches the stack's own
-``/metrics`` and worker registry while streaming requests are in flight; the live screen, in a
-pseudo-terminal, redraws and quits on ``q``."""
+``/metrics`` and worker registry while streaming requests are in flight; with an admission policy
+its classes and tenants match the router's own figures; the live screen, in a pseudo-terminal,
+redraws and quits on ``q``."""
 
 from __future__ import annotations
 
@@ -37,6 +38,17 @@ LONG_STREAMS = 3
 CHAT: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "Tell me a long story about the sea and its ships."}
 ]
+ADMISSION_WINDOW_S = 5.0
+"""``top --once``'s window for the admission stack: its requests take well under a second."""
+POLICY = """\
+default_class: regular
+class_header: true
+classes:
+  premium: {weight: 4}
+  regular: {weight: 1}
+tenants:
+  small: {tokens_per_minute: 300}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +61,21 @@ def top_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iter
         mocker_args="--speedup-ratio 1 --seed 1",
         service_args={"router": ["--metrics-port", str(free_port())]},
         log_level="INFO",
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def admission_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
+    """Undelayed mockers, a router with its own /metrics, an admission policy (``POLICY``)."""
+    run_dir = tmp_path_factory.mktemp("top-admission")
+    policy = run_dir / "admission.yaml"
+    policy.write_text(POLICY)
+    with running_stack(
+        run_dir,
+        model_dir,
+        admission_config=policy,
+        service_args={"router": ["--metrics-port", str(free_port())]},
     ) as stack:
         yield stack
 
@@ -73,16 +100,22 @@ async def _open_stream(client: openai.AsyncOpenAI, max_tokens: int) -> AsyncIter
     return chunks
 
 
-async def test_top_once_matches_the_stacks_own_metrics(top_stack: Stack) -> None:
+async def _start_top_once(stack: Stack, window_s: float) -> asyncio.subprocess.Process:
+    """``top --once`` on ``stack``, once it has subscribed (it says it is gathering)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     top = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", "top", "--once", "--window", str(WINDOW_S),
-        "--run-dir", str(top_stack.run_dir),
+        sys.executable, "-m", "services.cli", "top", "--once", "--window", str(window_s),
+        "--run-dir", str(stack.run_dir),
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert top.stderr is not None
     line = await asyncio.wait_for(top.stderr.readline(), HANG_S)
     assert b"gathering" in line, line
+    return top
+
+
+async def test_top_once_matches_the_stacks_own_metrics(top_stack: Stack) -> None:
+    top = await _start_top_once(top_stack, WINDOW_S)
     client = openai.AsyncOpenAI(base_url=f"{top_stack.base_url}/v1", api_key="x", max_retries=0)
     longs = [await _open_stream(client, 4000) for _ in range(LONG_STREAMS)]
     for _ in range(SHORT_REQUESTS):
@@ -125,6 +158,44 @@ async def test_top_once_matches_the_stacks_own_metrics(top_stack: Stack) -> None
     assert index_blocks
     assert float(r["index blocks"]) == pytest.approx(index_blocks, rel=0.5)
     assert r["event lag"] != "n/a"
+    assert "Classes" not in tables  # no admission policy: today's screen
+    assert "Tenants" not in tables
+
+
+async def test_top_once_shows_admission_as_the_router_counts_it(
+    admission_stack: Stack,
+) -> None:
+    top = await _start_top_once(admission_stack, ADMISSION_WINDOW_S)
+    client = openai.AsyncOpenAI(
+        base_url=f"{admission_stack.base_url}/v1", api_key="x", max_retries=0
+    )
+    small = {"x-tenant-id": "small", "x-dynamo-meta-policy-class": "premium"}
+    refused = 0
+    for _ in range(30):  # the small tenant's 300 tokens a minute last a few requests
+        try:
+            await client.chat.completions.create(
+                model=MODEL, messages=CHAT, max_tokens=8, extra_headers=small
+            )
+        except openai.RateLimitError:
+            refused += 1
+            break
+    for _ in range(2):
+        await client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8)
+    await client.close()
+    out, err = await asyncio.wait_for(top.communicate(), ADMISSION_WINDOW_S + HANG_S)
+    router = _scrape(runrecord.read(admission_stack.run_dir).metrics["router"])
+    assert top.returncode == 0, err.decode()
+    tables = top_tables(out.decode())
+    assert refused == 1
+    classes = {row["class"]: row for row in tables["Classes"]}
+    assert sorted(classes) == ["premium", "regular"]
+    served = router.by_label("jetserve_router_served_uncached_tokens_total", "policy_class")
+    shares = {c: float(row["share"].rstrip("%")) for c, row in classes.items()}
+    assert shares["premium"] == pytest.approx(100 * served["premium"] / sum(served.values()), abs=1)
+    (t,) = tables["Tenants"]
+    spent = router.total("jetserve_router_tenant_tokens_last_minute", tenant="small")
+    assert (t["tenant"], t["budget/min"], t["429s"]) == ("small", "300", "1")
+    assert float(t["tokens/min"]) == spent
 
 
 def _read_until(fd: int, done: Callable[[bytes], bool], timeout_s: float) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-TITLES = frozenset({"Gateway", "Models", "Workers", "Routers"})
+TITLES = frozenset({"Gateway", "Models", "Workers", "Routers", "Classes", "Tenants"})
 
 
 def top_tables(text: str) -> dict[str, list[dict[str, str]]]:

@@ -39,11 +39,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     """The ``top`` subcommand's options."""
     p = sub.add_parser(
         "top",
-        help="live view of the fleet: workers, models, routers, gateway",
+        help="live view of the fleet: workers, models, routers, gateway, admission",
         description=(
             "A live view of the fleet, from the bus (worker cards, load, lifecycle, KV events, "
             "routing decisions, token batches) and the services' /metrics (gateway figures, "
-            "router index and event lag). q quits."
+            "router index and event lag, tenants' budgets and 429s, router queue depth). "
+            "Policy classes and tenants are shown once a request names one. q quits."
         ),
     )
     connection_settings().add_to(p)

@@ -1,13 +1,17 @@
-"""What ``jetserve top`` keeps of the bus messages it sees, per worker and per router. Pure: each
-``on_*`` takes a decoded message and the monotonic time it arrived; nothing here subscribes.
+"""What ``jetserve top`` keeps of the bus messages it sees, per worker, router, policy class and
+tenant. Pure: each ``on_*`` takes a decoded message and the monotonic time it arrived; nothing
+here subscribes.
 
 - ``WorkerLoad`` (``load.<worker_id>``): the latest running / waiting / KV blocks of a worker;
 - ``TokenBatch`` (``stream.<formatter>.<request>``): tokens per worker, prompt and cached tokens
   of each request's first batch (the cache hit rate), and each finished request's mean time
   between tokens after its first batch (ITL, as the formatter receives them);
-- ``RequestPhase`` (``lifecycle.<worker_id>``): requests finished per worker;
+- ``RequestPhase`` (``lifecycle.<worker_id>``): requests finished per worker, and a finished
+  request's output tokens, charged to the tenant of its decision (as the routers' admission
+  ledger charges them);
 - ``KvEventBatch`` (``kv.<worker_id>``): KV events per worker;
-- ``RouteDecision`` (``decisions``): decisions per router, their overlap and prompt blocks.
+- ``RouteDecision`` (``decisions``): decisions per router, their overlap and prompt blocks; per
+  policy class the uncached prompt tokens and queue waits; per tenant the prompt tokens.
 """
 
 from __future__ import annotations
@@ -47,6 +51,29 @@ class RouterSeen:
 
 
 @dataclass(slots=True)
+class ClassSeen:
+    """One policy class's decisions (``uncached_tokens`` sums their uncached prompt tokens) and
+    the queue waits of those that waited in a router queue."""
+
+    decisions: Tally = field(default_factory=lambda: Tally(KEEP_S))
+    uncached_tokens: Tally = field(default_factory=lambda: Tally(KEEP_S))
+    waits: deque[tuple[float, float]] = field(default_factory=deque)
+    """``(decided at, seconds queued)`` of each decision that waited, oldest first."""
+    last_at: float = 0.0
+
+
+@dataclass(slots=True)
+class TenantSeen:
+    """One tenant's decisions and tokens: prompt tokens at each decision, output tokens when
+    the request finished."""
+
+    requests: Tally = field(default_factory=lambda: Tally(KEEP_S))
+    tokens: Tally = field(default_factory=lambda: Tally(KEEP_S, resolution_s=1.0))
+    """Summed per second, as the routers' ledger sums them: only the last minute is read."""
+    last_at: float = 0.0
+
+
+@dataclass(slots=True)
 class _Open:
     """A request whose tokens are streaming: when its first batch came and how many since."""
 
@@ -66,6 +93,11 @@ class BusEvents:
         self.itl: deque[tuple[float, float]] = deque()
         """``(finished at, mean seconds between tokens)`` of each finished request."""
         self._open: dict[tuple[str, int], _Open] = {}
+        self.classes: dict[str, ClassSeen] = {}
+        """By policy class (empty: the routers' default class)."""
+        self.tenants: dict[str, TenantSeen] = {}
+        self._tenant_of: dict[str, tuple[str, float]] = {}
+        """Request id -> (its tenant, decided at), until its ``finished``; oldest first."""
 
     def worker(self, worker_id: str) -> WorkerSeen:
         seen = self.workers.get(worker_id)
@@ -77,9 +109,21 @@ class BusEvents:
         seen = self.worker(load.worker_id)
         seen.load, seen.load_at = load, at
 
+    def tenant(self, name: str) -> TenantSeen:
+        seen = self.tenants.get(name)
+        if seen is None:
+            seen = self.tenants[name] = TenantSeen()
+        return seen
+
     def on_phase(self, phase: RequestPhase, at: float) -> None:
-        if phase.phase == "finished":
-            self.worker(phase.worker_id).finished.add(at)
+        """Count a finished request; its output tokens go to its decision's tenant, once."""
+        if phase.phase != "finished":
+            return
+        self.worker(phase.worker_id).finished.add(at)
+        if (tracked := self._tenant_of.pop(phase.request_id, None)) is not None:
+            tenant = self.tenant(tracked[0])
+            tenant.tokens.add(at, phase.output_tokens)
+            tenant.last_at = at
 
     def on_kv(self, batch: KvEventBatch, at: float) -> None:
         self.worker(batch.worker_id).kv_events.add(at, len(batch.events))
@@ -95,6 +139,27 @@ class BusEvents:
         if tally is None:
             tally = self.decisions_by_model[decision.model] = Tally(KEEP_S)
         tally.add(at)
+        self._admission(decision, at)
+
+    def _admission(self, decision: RouteDecision, at: float) -> None:
+        """A decision's class and tenant figures, counted as the routers' ledger counts them (a
+        request routed again is charged its prompt again)."""
+        cls = self.classes.get(decision.policy_class)
+        if cls is None:
+            cls = self.classes[decision.policy_class] = ClassSeen()
+        cls.decisions.add(at)
+        cls.uncached_tokens.add(at, decision.prefill_tokens)
+        cls.last_at = at
+        if decision.queued_ms > 0:
+            cls.waits.append((at, decision.queued_ms / 1000))
+        _drop_before(cls.waits, at - KEEP_S)
+        if decision.tenant:
+            tenant = self.tenant(decision.tenant)
+            tenant.requests.add(at)
+            tenant.tokens.add(at, decision.prompt_tokens)
+            tenant.last_at = at
+            self._tenant_of.pop(decision.request_id, None)  # re-inserted: the order stays by time
+            self._tenant_of[decision.request_id] = (decision.tenant, at)
 
     def on_tokens(self, batch: TokenBatch, at: float) -> None:
         """Count a batch's tokens; its request's first batch brings the prompt and cache
@@ -117,14 +182,30 @@ class BusEvents:
             after_first = req.tokens - req.first_tokens
             if after_first > 0:
                 self.itl.append((at, (req.last_at - req.first_at) / after_first))
-        while self.itl and self.itl[0][0] < at - KEEP_S:
-            self.itl.popleft()
+        _drop_before(self.itl, at - KEEP_S)
 
     def itl_since(self, start: float) -> list[float]:
         """Mean seconds between tokens of each request finished at or after ``start``."""
         return [itl for finished_at, itl in self.itl if finished_at >= start]
 
     def expire(self, now: float) -> None:
-        """Forget requests whose last batch came more than ``OPEN_REQUEST_TTL_S`` ago."""
+        """Forget requests whose last batch or decision came more than ``OPEN_REQUEST_TTL_S``
+        ago, and classes and tenants with nothing in the last ``KEEP_S``."""
         stale = now - OPEN_REQUEST_TTL_S
         self._open = {key: req for key, req in self._open.items() if req.last_at >= stale}
+        while self._tenant_of:
+            request_id, (_, decided_at) = next(iter(self._tenant_of.items()))
+            if decided_at >= stale:
+                break
+            del self._tenant_of[request_id]
+        since = now - KEEP_S
+        self.classes = {k: c for k, c in self.classes.items() if c.last_at >= since}
+        self.tenants = {k: t for k, t in self.tenants.items() if t.last_at >= since}
+        for cls in self.classes.values():
+            _drop_before(cls.waits, since)
+
+
+def _drop_before(events: deque[tuple[float, float]], start: float) -> None:
+    """Drop the ``(at, value)`` pairs older than ``start`` (oldest first)."""
+    while events and events[0][0] < start:
+        events.popleft()

@@ -1,6 +1,7 @@
 """One screen of ``jetserve top``: the fleet's figures over the last window, built from what the
-bus showed (``BusEvents``), the live worker cards and the services' ``/metrics`` scrapes. Pure:
-``now`` is passed in.
+bus showed (``BusEvents``), the live worker cards and the services' ``/metrics`` scrapes (the
+gateway's figures are made in ``gateway``, admission's in ``admission``). Pure: ``now`` is passed
+in.
 
 A figure is ``None`` when nothing says it: the view shows ``n/a`` where no source for it was
 reached (a router's index size without its ``/metrics``), ``-`` where the source said nothing in
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from services.cli.top.admission import AdmissionFigures, admission_figures
 from services.cli.top.events import BusEvents, WorkerSeen
 from services.cli.top.gateway import GatewayFigures, gateway_figures, sum_known
 from services.cli.top.stats import (
@@ -88,6 +90,8 @@ class Frame:
     workers: tuple[WorkerRow, ...]
     routers: tuple[RouterRow, ...]
     endpoints: tuple[EndpointStatus, ...]
+    admission: AdmissionFigures
+    """Policy classes and tenants (empty for a fleet without admission)."""
 
 
 def service_of(samples: Samples) -> str:
@@ -130,6 +134,14 @@ def build_frame(
         workers=workers,
         routers=_routers(events, by_service.get("router", []), start, span),
         endpoints=_endpoints(scrapes, windows),
+        admission=admission_figures(
+            events,
+            by_service.get("router", []),
+            now=now,
+            started_at=started_at,
+            start=start,
+            span=span,
+        ),
     )
 
 

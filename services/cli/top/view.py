@@ -1,4 +1,5 @@
-"""How a ``jetserve top`` frame looks: rich tables for the gateway, models, workers and routers.
+"""How a ``jetserve top`` frame looks: rich tables for the gateway, models, workers and routers,
+and, for a fleet that uses admission, its policy classes and tenants.
 
 ``render`` builds the renderable for the live screen and for ``--once`` (then printed without
 colour). Cells are never empty and never hold two spaces in a row, so a script can split a row
@@ -15,6 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from services.cli.top.admission import TENANT_SPAN_S, AdmissionFigures
 from services.cli.top.frame import Frame, ModelRow, RouterRow, WorkerRow
 from services.cli.top.gateway import GatewayFigures
 
@@ -36,6 +38,8 @@ def render(frame: Frame, *, namespace: str) -> RenderableType:
         _models(frame.models),
         _workers(frame.workers),
         _routers(frame.routers),
+        *_classes(frame.admission),
+        *_tenants(frame.admission),
         *_problems(frame),
         Text(LEGEND, style="dim"),
     )
@@ -143,6 +147,51 @@ def _routers(rows: Sequence[RouterRow]) -> RenderableType:
             _ms(r.event_age_s, has),
         )
     return table
+
+
+def _classes(a: AdmissionFigures) -> list[RenderableType]:
+    """The policy classes, under a caption with the router queue's depth (no table when no
+    class was seen and nothing is queued)."""
+    if not a.classes and not a.queue_depth:
+        return []
+    table = _table(
+        "Classes",
+        ["class", "req/s", "uncached tok/s", "share", "queued", "wait mean", "wait p50"],
+    )
+    for c in a.classes:
+        table.add_row(
+            c.policy_class or "(default)",
+            _num(c.requests_per_s, True),
+            _num(c.uncached_tokens_per_s, True),
+            _pct(c.share),
+            str(c.queued),
+            _ms(c.wait_mean_s, True),
+            _ms(c.wait_p50_s, True),
+        )
+    depth = _num(a.queue_depth, a.router_endpoints > 0, digits=0)
+    table.caption = f"waiting in router queues: {depth}"
+    table.caption_justify = "left"
+    return [table]
+
+
+def _tenants(a: AdmissionFigures) -> list[RenderableType]:
+    if not a.tenants:
+        return []
+    table = _table("Tenants", ["tenant", "req/s", "tokens/min", "budget/min", "budget use", "429s"])
+    has = a.router_endpoints > 0
+    for t in a.tenants:
+        table.add_row(
+            t.tenant,
+            _num(t.requests_per_s, True),
+            _count(t.tokens),
+            _num(t.budget, has, digits=0),
+            _pct(t.budget_use) if has else NA,
+            _num(t.refusals, has, digits=0),
+        )
+    if a.tenant_span_s < TENANT_SPAN_S:
+        table.caption = f"tokens/min: over the {a.tenant_span_s:.0f}s top has run"
+        table.caption_justify = "left"
+    return [table]
 
 
 def _problems(frame: Frame) -> list[Text]:

@@ -41,9 +41,8 @@ CONDITIONAL: Final[dict[str, str]] = {
 """Accepted in the form that asks for nothing the gateway cannot do; refused otherwise."""
 
 NVEXT_IGNORED: Final[dict[str, str]] = {
-    "agent_hints": "Dynamo's router queue priorities and speculative prefill; no queue here.",
-    "agent_context": "Dynamo's agent trace sink; no trace sink here.",
-    "session_control": "Dynamo's sticky sessions; the KV router routes by prefix instead.",
+    "session_control": "Dynamo's session open/close calls to workers; a session here is "
+    "`agent_context.session_id` (or `x-dynamo-session-id`), kept on one worker by the router.",
     "routing_constraints": "Worker taints; JetServe workers have none (use `allowed_worker_ids`).",
     "request_timestamp_ms": "Trace replay in virtual time; not simulated here.",
     "router": "Parameters for Dynamo's global router; none here.",
@@ -63,12 +62,11 @@ QUERY_ANNOTATION: Final = "query_instance_id"
 """The seed's query-only annotation (also ``query_instance_id:<anything>``): the router answers
 with the worker(s) and ranks it would choose and the token ids, generating nothing."""
 
-HEADERS_IGNORED: Final[dict[str, str]] = {
-    "x-dynamo-request-priority": "Dynamo's router queue priority; JetServe routers queue nothing.",
-    "x-dynamo-request-strict-priority": "Dynamo's strict queue tier; no queue here.",
-}
-"""Dynamo's routing headers that have no effect here. ``x-dynamo-worker-instance-id`` and
+HEADERS_IGNORED: Final[dict[str, str]] = {}
+"""Dynamo's routing headers that have no effect here: none. ``x-dynamo-worker-instance-id`` and
 ``x-worker-instance-id`` pin a worker, ``x-dynamo-prefill-instance-id`` (``x-prefill-instance-id``)
 a prefill worker, ``x-dynamo-dp-rank`` (``x-dp-rank``, ``x-data-parallel-rank``) and
 ``x-dynamo-prefill-dp-rank`` (``x-prefill-dp-rank``) their ranks; ``x-tenant-id`` salts the KV
-cache."""
+cache; ``x-dynamo-request-priority``, ``x-dynamo-request-strict-priority``,
+``x-dynamo-meta-policy-class`` and the session headers feed the router queue
+(``admission_hints.py``)."""

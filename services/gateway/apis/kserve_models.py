@@ -51,6 +51,10 @@ ROUTING_PARAMETERS = frozenset(
     {"backend_instance_id", "decode_worker_id", "prefill_worker_id", "dp_rank", "prefill_dp_rank"}
 )
 """Request ``parameters`` that pin workers and ranks, as ``nvext`` does over HTTP (issue 24)."""
+AGENT_HINT_PARAMETERS = frozenset({"priority", "strict_priority", "osl", "speculative_prefill"})
+"""Request ``parameters`` read as ``nvext.agent_hints`` (issue 26); ``session_id`` is
+``nvext.agent_context.session_id``. The header forms come as call metadata."""
+SESSION_PARAMETER = "session_id"
 SAMPLING_INPUTS = frozenset(
     {
         "max_tokens",
@@ -178,9 +182,16 @@ def text_request(request: pb.ModelInferRequest) -> TextRequest:
     BOOL), sampling knobs from inputs or ``parameters`` (an input wins)."""
     params = parameters_of(request.parameters)
     fields = {k: v for k, v in params.items() if k in SAMPLING_INPUTS} if params else {}
-    pins = {k: v for k, v in params.items() if k in ROUTING_PARAMETERS} if params else {}
-    if pins:
-        fields["nvext"] = pins
+    nvext: dict[str, Any] = (
+        {k: v for k, v in params.items() if k in ROUTING_PARAMETERS} if params else {}
+    )
+    if params:
+        if hints := {k: v for k, v in params.items() if k in AGENT_HINT_PARAMETERS}:
+            nvext["agent_hints"] = hints
+        if SESSION_PARAMETER in params:
+            nvext["agent_context"] = {"session_id": params[SESSION_PARAMETER]}
+    if nvext:
+        fields["nvext"] = nvext
     prompt: str | None = None
     streaming: bool | None = None
     for tensor, raw in zip(request.inputs, raw_contents(request), strict=True):

@@ -11,8 +11,9 @@ Headers, named as Dynamo's frontend names them (``lib/llm/src/protocols/common/e
   (as ``nvext.dp_rank`` / ``prefill_dp_rank``), with Dynamo's older aliases. A header and the
   body field given together must agree. The router checks the pins against the fleet (issue 24:
   unknown worker, wrong role or rank out of range -> 400 naming the field; dead -> 503).
-- The request-priority headers are accepted and have no effect: JetServe's routers have no queue
-  yet (``accepted_fields.HEADERS_IGNORED``).
+- The admission headers (``x-dynamo-request-priority``, ``x-dynamo-request-strict-priority``,
+  ``x-dynamo-meta-policy-class``, the session headers) and ``nvext.agent_hints`` /
+  ``agent_context`` set the router queue's inputs (issue 26): ``admission_hints.py``.
 - ``nvext.annotations: ["query_instance_id"]`` asks where the request would go, without
   generating (``RoutingHints.query_only``).
 - ``x-tenant-id`` isolates a tenant's KV cache (Dynamo: it becomes ``nvext.cache_salt``).
@@ -38,6 +39,13 @@ from services.gateway.apis.accepted_fields import (
     NVEXT_EXTRA_FIELDS,
     QUERY_ANNOTATION,
 )
+from services.gateway.apis.admission_hints import (
+    NO_POLICY,
+    Admission,
+    AdmissionHeaders,
+    AdmissionReader,
+    admission,
+)
 from services.gateway.apis.openai_types import MAX_DP_RANK, Nvext
 from shared.errors import InvalidRequest
 from shared.messages import RoutingHints
@@ -54,6 +62,7 @@ MAX_SALT_LEN = 256
 MAX_ALLOWED_WORKERS = 1024
 _PIN_GROUPS = (PREFILL_HEADERS, DP_RANK_HEADERS, PREFILL_DP_RANK_HEADERS)
 _PINS = {header: i for i, group in enumerate(_PIN_GROUPS) for header in group}
+_ROUTING_NAMES = frozenset({TENANT_HEADER, WORKER_HEADER, DYNAMO_WORKER_HEADER, *_PINS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,35 +84,44 @@ class RoutingHeaders:
     prefill_instance_id: Header | None = None
     dp_rank: Header | None = None
     prefill_dp_rank: Header | None = None
+    admission: AdmissionHeaders | None = None
+    """Priority, tier, session, policy class and tenant (``admission_hints.py``)."""
 
 
 NO_HEADERS = RoutingHeaders()
 
 
-def routing_headers(headers: Iterable[tuple[bytes, bytes]]) -> RoutingHeaders:
-    """Pick the routing headers out of raw ASGI headers (names are lower-case there); a
-    malformed value is an ``InvalidRequest`` at once, before the body is looked at."""
-    tenant = worker = dynamo_worker = None
-    pins: list[dict[bytes, str]] = [{}, {}, {}]
+def routing_headers(
+    headers: Iterable[tuple[bytes, bytes]], reader: AdmissionReader = NO_POLICY
+) -> RoutingHeaders:
+    """Pick the routing headers out of raw ASGI headers (names are lower-case there; the last
+    of a repeated header counts); a malformed value is an ``InvalidRequest`` at once, before
+    the body is looked at. ``reader``: the admission headers and policy of this gateway."""
+    names = reader.names
+    found: dict[bytes, bytes] | None = None
     for name, value in headers:
-        if name == TENANT_HEADER:
-            tenant = value.decode("latin-1").strip() or None
-        elif name == DYNAMO_WORKER_HEADER:
-            dynamo_worker = value.decode("latin-1").strip() or None
-        elif name == WORKER_HEADER:
-            worker = value.decode("latin-1").strip() or None
-        elif name in _PINS and (text := value.decode("latin-1").strip()):
-            pins[_PINS[name]][name] = text
-    if tenant is None and worker is None and dynamo_worker is None and not any(pins):
-        return NO_HEADERS
-    if dynamo_worker is not None:
+        if name in _ROUTING_NAMES or name in names:
+            if found is None:
+                found = {}
+            found[name] = value
+    if found is None:
+        admitted = reader.read(None, None)
+        return NO_HEADERS if admitted is None else RoutingHeaders(admission=admitted)
+    tenant = _value(found, TENANT_HEADER)
+    worker_header = WORKER_HEADER.decode()
+    worker = _value(found, WORKER_HEADER)
+    if (dynamo_worker := _value(found, DYNAMO_WORKER_HEADER)) is not None:
         worker, worker_header = dynamo_worker, DYNAMO_WORKER_HEADER.decode()
-    else:
-        worker_header = WORKER_HEADER.decode()
-    prefill, rank, prefill_rank = (
-        _first(found, names) for found, names in zip(pins, _PIN_GROUPS, strict=True)
+    prefill, rank, prefill_rank = (_first(found, names) for names in _PIN_GROUPS)
+    picked = RoutingHeaders(
+        tenant,
+        worker,
+        worker_header,
+        prefill,
+        rank,
+        prefill_rank,
+        reader.read(found, tenant),
     )
-    picked = RoutingHeaders(tenant, worker, worker_header, prefill, rank, prefill_rank)
     _check_worker_id(picked.worker_instance_id, picked.worker_header)
     if prefill is not None:
         _check_worker_id(prefill.value, prefill.name)
@@ -111,13 +129,18 @@ def routing_headers(headers: Iterable[tuple[bytes, bytes]]) -> RoutingHeaders:
         if header is not None:
             _rank_of(header)
     effective_salt(None, None, picked.tenant_id)
-    return picked
+    return NO_HEADERS if picked == NO_HEADERS else picked
 
 
-def _first(found: dict[bytes, str], names: tuple[bytes, ...]) -> Header | None:
+def _value(found: dict[bytes, bytes], name: bytes) -> str | None:
+    raw = found.get(name)
+    return None if raw is None else raw.decode("latin-1").strip() or None
+
+
+def _first(found: dict[bytes, bytes], names: tuple[bytes, ...]) -> Header | None:
     for name in names:
-        if name in found:
-            return Header(found[name], name.decode())
+        if (text := _value(found, name)) is not None:
+            return Header(text, name.decode())
     return None
 
 
@@ -155,6 +178,7 @@ def routing(
     weight, temperature = ext.overlap_score_weight, ext.router_temperature
     pins_given = prefill is not None or dp_rank is not None or prefill_rank is not None
     named = worker_id is not None and decode_param != "nvext.backend_instance_id"
+    admitted = admission(ext.agent_hints, ext.agent_context, headers.admission)
     if (
         salt is None
         and weight is None
@@ -163,8 +187,11 @@ def routing(
         and not pins_given
         and not named
         and not query_only
+        and admitted is None
     ):
         return None, worker_id
+    if admitted is None:
+        admitted = _NO_ADMISSION
     hints = RoutingHints(
         overlap_score_weight=weight,
         router_temperature=temperature,
@@ -175,6 +202,13 @@ def routing(
         prefill_dp_rank=prefill_rank,
         decode_worker_id_param=decode_param if worker_id is not None else None,
         query_only=query_only,
+        priority=admitted.priority,
+        strict_priority=admitted.strict_priority,
+        policy_class=admitted.policy_class,
+        tenant=admitted.tenant,
+        session_id=admitted.session_id,
+        osl=admitted.osl,
+        speculative_prefill=admitted.speculative_prefill,
     )
     return hints, worker_id
 
@@ -298,3 +332,4 @@ def _pinned_worker(
 
 
 _NO_NVEXT = Nvext()
+_NO_ADMISSION = Admission()

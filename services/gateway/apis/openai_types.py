@@ -47,6 +47,17 @@ TokenId = Annotated[int, Meta(ge=0, le=2**32 - 1)]
 U32 = Annotated[int, Meta(ge=0, le=2**32 - 1)]
 NonNegativeFloat = Annotated[float, Meta(ge=0.0)]
 CacheSalt = Annotated[str, Meta(min_length=1, max_length=256)]
+MAX_PRIORITY_S = 3600.0
+Priority = Annotated[float, Meta(ge=-MAX_PRIORITY_S, le=MAX_PRIORITY_S)]
+"""Seconds a request moves ahead in its queue tier (negative: behind); finite, at most an hour."""
+MAX_STRICT_PRIORITY = 100
+StrictPriority = Annotated[int, Meta(ge=0, le=MAX_STRICT_PRIORITY)]
+MAX_OSL = 10_000_000
+ExpectedOutputTokens = Annotated[int, Meta(ge=1, le=MAX_OSL)]
+"""``nvext.agent_hints.osl``: bounded by any context length a model has today."""
+SESSION_ID_PATTERN = r"^[!-~]{1,256}$"
+SessionId = Annotated[str, Meta(pattern=SESSION_ID_PATTERN)]
+"""1 to 256 printable ASCII characters, no spaces (as the session headers)."""
 
 
 class ContentPart(msgspec.Struct, kw_only=True):
@@ -143,15 +154,38 @@ class LegacyFunctionCall(msgspec.Struct, kw_only=True):
 # --- nvext ---------------------------------------------------------------------------------------
 
 
+class AgentHints(msgspec.Struct, kw_only=True):
+    """``nvext.agent_hints`` (Dynamo's names): the router queue's inputs. Unknown keys are
+    ignored, as everywhere in ``nvext``."""
+
+    priority: Priority | None = None
+    """Seconds the request moves ahead in its tier's queue (``x-dynamo-request-priority``)."""
+    strict_priority: StrictPriority | None = None
+    """The queue tier, higher served first (``x-dynamo-request-strict-priority``)."""
+    osl: ExpectedOutputTokens | None = None
+    """Expected output tokens (the router's decode-load estimate)."""
+    speculative_prefill: bool | None = None
+    """Warm the next turn's prefix on the same worker when this turn ends."""
+    latency_sensitivity: Priority | None = None
+    """Dynamo's deprecated alias of ``priority`` (used only when ``priority`` is absent)."""
+
+
+class AgentContext(msgspec.Struct, kw_only=True):
+    """``nvext.agent_context``: only ``session_id`` is read (``X-Dynamo-Session-ID``)."""
+
+    session_id: SessionId | None = None
+
+
 class Nvext(msgspec.Struct, kw_only=True):
     """NVIDIA's request extension, as Dynamo's frontend reads it.
 
     Unknown keys are ignored (Dynamo's latest frontend refuses them; older ones did not, and
     clients written for either version must work here).
 
-    Dynamo's agent fields (``agent_hints``, ``agent_context``, ``session_control``,
-    ``routing_constraints``, ``request_timestamp_ms``, ``router``) are accepted and ignored:
-    JetServe's routers have no queue yet. The disaggregation pins are honoured (issue 24).
+    ``agent_hints`` and ``agent_context.session_id`` feed the router's admission queue and
+    session affinity (issue 26, ``admission_hints.py``); Dynamo's other agent fields
+    (``session_control``, ``routing_constraints``, ``request_timestamp_ms``, ``router``) are
+    accepted and ignored. The disaggregation pins are honoured (issue 24).
     """
 
     backend_instance_id: str | int | None = None
@@ -182,6 +216,8 @@ class Nvext(msgspec.Struct, kw_only=True):
     max_thinking_tokens: U32 | None = None
     cache_salt: CacheSalt | None = None
     """KV-cache isolation; wins over the top-level ``cache_salt`` (as in Dynamo)."""
+    agent_hints: AgentHints | None = None
+    agent_context: AgentContext | None = None
 
 
 # --- requests ------------------------------------------------------------------------------------

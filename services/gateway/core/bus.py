@@ -36,7 +36,7 @@ from services.gateway.core.inbox import Inbox, Probe, ReplyItem
 from services.gateway.core.port import ReplyBus
 from services.gateway.core.probes import Prober
 from services.gateway.core.retry import RetryBudget, attempt_id
-from shared import codec
+from shared import busy_thresholds, codec
 from shared.bus import connect, no_responders
 from shared.bus_permissions import inbox_prefix
 from shared.errors import (
@@ -49,6 +49,7 @@ from shared.errors import (
     from_message,
 )
 from shared.messages import (
+    BusyThresholdsChanged,
     Cancel,
     CountTokens,
     Embed,
@@ -468,6 +469,30 @@ class NatsBus:
         """Ask the preprocessors how many tokens ``request``'s prompt has."""
         answer = await self.ask(self.subjects.count_tokens, request, _COUNT_ANSWERS, timeout_s)
         return answer.input_tokens
+
+    async def busy_thresholds(self, model: str | None = None) -> list[BusyThresholdsChanged]:
+        """The busy thresholds set per model (``model``: only its entry), as stored."""
+        assert self._nc is not None, "start() first"
+        js = self._nc.jetstream()
+        try:
+            if model is None:
+                return await busy_thresholds.stored(js, self.subjects)
+            found = await busy_thresholds.stored_for(js, self.subjects, model)
+        except (NatsError, TimeoutError) as exc:
+            raise ServiceUnavailable(f"The busy thresholds cannot be read: {exc}") from exc
+        return [] if found is None else [found]
+
+    async def set_busy_thresholds(self, message: BusyThresholdsChanged) -> BusyThresholdsChanged:
+        """Store one model's thresholds, then tell every router (the stored revision along)."""
+        assert self._nc is not None, "start() first"
+        try:
+            stored = await busy_thresholds.store(
+                self._nc.jetstream(), self.subjects, message, replicas=self._config.js_replicas
+            )
+            await self._nc.publish(self.subjects.busy_threshold, codec.encode(stored))
+        except (NatsError, TimeoutError) as exc:
+            raise ServiceUnavailable(f"The busy thresholds cannot be stored: {exc}") from exc
+        return stored
 
     async def generate_media(
         self, request: MediaGenerate, worker_id: str, timeout_s: float

@@ -27,6 +27,7 @@ class Paths:
     health: str = "/health"
     live: str = "/live"
     metrics: str = "/metrics"
+    busy_threshold: str = "/busy_threshold"
 
     @classmethod
     def of(cls, config: GatewayConfig) -> Paths:

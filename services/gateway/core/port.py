@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from services.gateway.core.bus import Reply
     from services.gateway.core.inbox import Inbox
     from shared.messages import (
+        BusyThresholdsChanged,
         CountTokens,
         Embed,
         EmbedResult,
@@ -71,3 +72,9 @@ class GatewayBus(ReplyBus, Protocol):
     async def generate_media(
         self, request: MediaGenerate, worker_id: str, timeout_s: float
     ) -> MediaResult: ...
+
+    async def busy_thresholds(self, model: str | None = None) -> list[BusyThresholdsChanged]: ...
+
+    async def set_busy_thresholds(
+        self, message: BusyThresholdsChanged
+    ) -> BusyThresholdsChanged: ...

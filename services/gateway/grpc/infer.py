@@ -9,10 +9,12 @@ client's deadline, whichever ends first; a timeout or a cancelled call publishes
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 import structlog
 
+from services.gateway.apis.admission_hints import NO_POLICY, AdmissionReader
 from services.gateway.apis.kserve import (
     check_output,
     fill_tensors,
@@ -30,6 +32,7 @@ from services.gateway.apis.kserve_models import (
     text_request,
     view_of,
 )
+from services.gateway.apis.nvext import NO_HEADERS, RoutingHeaders, routing_headers
 from services.gateway.apis.openai import completion_from, completion_to_preprocess
 from services.gateway.core.context import RequestContext
 from services.gateway.core.exchange import Exchange, Exchanges
@@ -45,6 +48,9 @@ from shared.messages import KServeOutput, ModelCard, TensorInfer
 
 log = structlog.get_logger(__name__)
 
+Metadata = Iterable[tuple[str, str | bytes]]
+"""A call's invocation metadata (``Call.invocation_metadata()``)."""
+
 
 class Writer(Protocol):
     """The stream a ``ModelStreamInfer`` request answers on (``grpc.http2.calls.Call``)."""
@@ -57,10 +63,14 @@ class Writer(Protocol):
 class Inference:
     """Answers KServe inference requests for every model the registry knows."""
 
-    __slots__ = ("_bus", "_exchanges", "_readiness", "_views")
+    __slots__ = ("_admission", "_bus", "_exchanges", "_readiness", "_views")
 
-    def __init__(self, exchanges: Exchanges, readiness: Readiness) -> None:
+    def __init__(
+        self, exchanges: Exchanges, readiness: Readiness, admission: AdmissionReader = NO_POLICY
+    ) -> None:
         self._exchanges = exchanges
+        self._admission = admission
+        """The admission headers and policy: metadata is read as HTTP headers are."""
         self._bus = exchanges.bus
         self._readiness = readiness
         self._views: dict[str, tuple[ModelCard, ModelView]] = {}
@@ -85,9 +95,14 @@ class Inference:
         return view
 
     async def run(
-        self, request: pb.ModelInferRequest, ctx: RequestContext, deadline: float | None = None
+        self,
+        request: pb.ModelInferRequest,
+        ctx: RequestContext,
+        deadline: float | None = None,
+        metadata: Metadata = (),
     ) -> pb.ModelInferResponse:
-        """A ``ModelInfer`` call's response. ``deadline`` is the client's (``time.monotonic()``)."""
+        """A ``ModelInfer`` call's response. ``deadline`` is the client's (``time.monotonic()``);
+        ``metadata`` carries the routing and admission headers, as over HTTP."""
         ctx.model = request.model_name
         view = await self.view(request.model_name, request.model_version)
         if view.kind == "tensor":
@@ -97,7 +112,16 @@ class Inference:
             raise InvalidRequest(
                 "`streaming` needs ModelStreamInfer; ModelInfer answers once.", param="streaming"
             )
-        return await self._whole_text(request, ctx, parsed, deadline, final=None)
+        headers = self.headers(metadata)
+        return await self._whole_text(request, ctx, parsed, deadline, final=None, headers=headers)
+
+    def headers(self, metadata: Metadata) -> RoutingHeaders:
+        """The routing headers of a call's metadata (``InvalidRequest`` for a bad value)."""
+        raw = [
+            (key.encode("latin-1"), value.encode("latin-1") if isinstance(value, str) else value)
+            for key, value in metadata
+        ]
+        return routing_headers(raw, self._admission)
 
     async def stream(
         self,
@@ -105,6 +129,7 @@ class Inference:
         ctx: RequestContext,
         writer: Writer,
         deadline: float | None = None,
+        metadata: Metadata = (),
     ) -> None:
         """Answer one request of a ``ModelStreamInfer`` stream on ``writer``: an LLM's text as
         the formatter framed it (``kserve`` format), or one response (a tensor model, or
@@ -116,10 +141,13 @@ class Inference:
             mark_final(response, True)
         else:
             parsed = text_request(request)
+            headers = self.headers(metadata)
             if parsed.streaming is not False:
-                await self._streamed_text(request, ctx, parsed, writer, deadline)
+                await self._streamed_text(request, ctx, parsed, writer, deadline, headers)
                 return
-            response = await self._whole_text(request, ctx, parsed, deadline, final=True)
+            response = await self._whole_text(
+                request, ctx, parsed, deadline, final=True, headers=headers
+            )
         out = pb.ModelStreamInferResponse()
         out.infer_response.CopyFrom(response)
         await writer.write(out)
@@ -134,6 +162,7 @@ class Inference:
         deadline: float | None,
         *,
         stream: bool,
+        headers: RoutingHeaders = NO_HEADERS,
     ) -> Exchange:
         """Send the request down the pipeline; its exchange."""
         model = request.model_name
@@ -150,6 +179,7 @@ class Inference:
             reply_to=envelope.reply_to,
             created=envelope.created,
             deadline_ms=envelope.deadline_ms,
+            headers=headers,
             output_format="kserve" if stream else "text",
             kserve=kserve,
         )
@@ -162,9 +192,10 @@ class Inference:
         parsed: TextRequest,
         writer: Writer,
         deadline: float | None,
+        headers: RoutingHeaders = NO_HEADERS,
     ) -> None:
         """Relay the formatter's framed responses; those already queued go out in one write."""
-        exchange = await self._submit(request, ctx, parsed, deadline, stream=True)
+        exchange = await self._submit(request, ctx, parsed, deadline, stream=True, headers=headers)
         _, rest = await exchange.relay(await exchange.first(), writer.write_framed)
         if rest:
             await writer.write_framed(rest)
@@ -177,9 +208,10 @@ class Inference:
         deadline: float | None,
         *,
         final: bool | None,
+        headers: RoutingHeaders = NO_HEADERS,
     ) -> pb.ModelInferResponse:
         """The whole text in one response (``text`` format, not streamed)."""
-        exchange = await self._submit(request, ctx, parsed, deadline, stream=False)
+        exchange = await self._submit(request, ctx, parsed, deadline, stream=False, headers=headers)
         done, text = await exchange.relay(await exchange.first())
         response = pb.ModelInferResponse()
         fill_text(

@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import (  # type: ignore[import-untyped]
     reflection_pb2_grpc,
 )
 
+from services.gateway.apis.admission_hints import AdmissionReader
 from services.gateway.config import GatewayConfig
 from services.gateway.core.admission import Admission
 from services.gateway.core.auth import ApiKeys
@@ -76,8 +77,13 @@ class GrpcServer:
             idle_timeout_s=config.stream_idle_timeout_s,
             client_gone=(StreamReset,),  # a write to a reset stream: the client went away
         )
+        policy = config.admission_policy() if config.admission_config is not None else None
         self.servicer = InferenceServicer(
-            Inference(exchanges, readiness), bus, readiness, metrics, admission
+            Inference(exchanges, readiness, AdmissionReader(policy)),
+            bus,
+            readiness,
+            metrics,
+            admission,
         )
         self.port = 0
         """The bound port, once started (``--grpc-port 0`` picks a free one)."""

@@ -162,7 +162,9 @@ class InferenceServicer:
             context.set_trailing_metadata(trailers)
             try:
                 self._admit(context)
-                return await self._inference.run(request, ctx, deadline)
+                return await self._inference.run(
+                    request, ctx, deadline, context.invocation_metadata()
+                )
             except ServiceError as exc:
                 code = _failed(ctx, exc)
                 if exc.retry_after_s is not None:
@@ -208,7 +210,9 @@ class InferenceServicer:
         with grpc_context("ModelStreamInfer", self._metrics) as ctx:
             try:
                 with self.admission.slot(context.connection):  # until its last response is out
-                    await self._inference.stream(request, ctx, context, deadline)
+                    await self._inference.stream(
+                        request, ctx, context, deadline, context.invocation_metadata()
+                    )
                 return
             except StreamReset:  # the call is over (the client went): nobody to answer
                 ctx.grpc_status = grpc.StatusCode.CANCELLED.name

@@ -16,6 +16,7 @@ import msgspec
 import structlog
 from litestar.types import HTTPScope, Receive, Send
 
+from services.gateway.apis.admission_hints import AdmissionReader
 from services.gateway.apis.nvext import routing_headers
 from services.gateway.config import GatewayConfig
 from services.gateway.core.context import RequestContext, note_error
@@ -57,7 +58,7 @@ class _HttpError(Exception):
 class Relay:
     """One inference request, from its body to the last byte of its response."""
 
-    __slots__ = ("_allow_unknown", "_endpoints", "_exchanges", "_max_body_bytes")
+    __slots__ = ("_admission", "_allow_unknown", "_endpoints", "_exchanges", "_max_body_bytes")
 
     def __init__(
         self, config: GatewayConfig, exchanges: Exchanges, table: dict[str, Endpoint]
@@ -66,6 +67,9 @@ class Relay:
         self._endpoints = table
         self._allow_unknown = config.allow_unknown_fields
         self._max_body_bytes = config.max_body_bytes
+        self._admission = AdmissionReader(
+            config.admission_policy() if config.admission_config is not None else None
+        )
 
     async def serve(
         self, ctx: RequestContext, scope: HTTPScope, receive: Receive, send: Send
@@ -109,7 +113,7 @@ class Relay:
     ) -> _Prepared:
         """Read and parse the body, check the model, make the bus request."""
         body = await _read_body(scope, receive, self._max_body_bytes)
-        headers = routing_headers(scope["headers"])
+        headers = routing_headers(scope["headers"], self._admission)
         parsed = endpoint.parse(body, headers, self._allow_unknown)
         ctx.model = parsed.model
         bus = self._exchanges.bus

@@ -1,5 +1,6 @@
 """Litestar routes: ``/v1/models``, ``/health``, ``/live``, ``/metrics``, ``/docs`` (Swagger UI),
-and the request/reply inference routes (embeddings, images, videos).
+``/busy_threshold`` (every router's per-model busy thresholds), and the request/reply inference
+routes (embeddings, images, videos).
 
 Handlers are closures built over their collaborators, so nothing is injected per request. The
 streaming inference endpoints are not here: ``relay.py`` serves them.
@@ -12,10 +13,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import msgspec
+import structlog
 from litestar import Request, Response, get, post
 from litestar.handlers import HTTPRouteHandler
 
-from services.gateway.apis import embeddings, media
+from services.gateway.apis import busy_threshold, embeddings, media
 from services.gateway.apis import openapi_shapes as out
 from services.gateway.core import asks
 from services.gateway.core.context import current
@@ -25,9 +27,11 @@ from services.gateway.core.paths import Paths
 from services.gateway.core.port import GatewayBus
 from services.gateway.core.readiness import Readiness
 from services.gateway.http.openapi import DOCS_PATH, swagger_page
+from shared.errors import ModelNotFound
 from shared.messages import WORKER_ROLES, WorkerCard
 
 JSON = "application/json"
+log = structlog.get_logger(__name__)
 
 
 def model_workers(cards: Iterable[WorkerCard]) -> out.ModelWorkers:
@@ -87,7 +91,23 @@ def build_routes(
     async def docs(request: Request[Any, Any, Any]) -> Response[bytes]:
         return Response(swagger_page(request), media_type="text/html; charset=utf-8")
 
-    return [list_models, health, live, prometheus, docs]
+    @post(paths.busy_threshold, status_code=200, include_in_schema=False)
+    async def set_busy_threshold(request: Request[Any, Any, Any]) -> Response[bytes]:
+        parsed = busy_threshold.parse(await request.body())
+        if not parsed.is_setting:
+            found = next(iter(await bus.busy_thresholds(parsed.model)), None)
+            return Response(busy_threshold.answer(parsed.model, found), media_type=JSON)
+        if not bus.is_live(parsed.model) and await bus.model_card(parsed.model) is None:
+            raise ModelNotFound(parsed.model)  # as Dynamo: only a model it knows
+        stored = await bus.set_busy_thresholds(parsed.to_message())
+        log.info("busy_thresholds_set", model=stored.model, revision=stored.revision)
+        return Response(busy_threshold.answer(parsed.model, stored), media_type=JSON)
+
+    @get(paths.busy_threshold, include_in_schema=False)
+    async def list_busy_thresholds() -> Response[bytes]:
+        return Response(busy_threshold.listing(await bus.busy_thresholds()), media_type=JSON)
+
+    return [list_models, health, live, prometheus, docs, set_busy_threshold, list_busy_thresholds]
 
 
 def build_ask_routes(

@@ -26,6 +26,7 @@ from services.cli.stack import (
     Stack,
     StackConfig,
     _stop_rank,
+    admission_env,
     replica_args,
 )
 
@@ -429,3 +430,16 @@ def test_the_vllm_engine_gets_the_role_too(tmp_path: Path) -> None:
     commands = dict(Stack(StackConfig.from_up(given, tmp_path)).plan())
     assert _flag(commands["vllm_worker-prefill-0"], "--role") == "prefill"
     assert _flag(commands["vllm_worker-decode-0"], "--role") == "decode"
+
+
+def test_the_admission_config_reaches_every_service_as_an_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "admission.yaml").write_text("classes: {gold: {weight: 2}}\ndefault_class: gold\n")
+    monkeypatch.chdir(tmp_path)
+    config = StackConfig.from_up(plan("--admission-config", "admission.yaml"), tmp_path)
+    assert config.admission_config == Path("admission.yaml")
+    assert admission_env(config.admission_config) == {
+        "JETSERVE_ADMISSION_CONFIG": str(tmp_path / "admission.yaml")
+    }
+    assert admission_env(None) == {}

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from services.gateway.core.bus import Inbox, Reply, ReplyItem
 from services.gateway.core.errors import NoResponders
 from services.gateway.core.port import GatewayBus
 from shared.errors import ServiceUnavailable
 from shared.messages import (
+    BusyThresholdsChanged,
     CountTokens,
     Embed,
     EmbedResult,
@@ -51,6 +54,8 @@ class FakeBus(GatewayBus):
         self.asked: list[str] = []
         """The workers asked, in order (media)."""
         self.token_counts: list[CountTokens] = []
+        self.thresholds: dict[str, BusyThresholdsChanged] = {}
+        """The busy-thresholds bucket, by model."""
 
     @property
     def is_connected(self) -> bool:
@@ -141,3 +146,13 @@ class FakeBus(GatewayBus):
             items=(b"x",),
             worker_id=worker_id,
         )
+
+    async def busy_thresholds(self, model: str | None = None) -> list[BusyThresholdsChanged]:
+        found = list(self.thresholds.values())
+        return [m for m in found if model is None or m.model == model]
+
+    async def set_busy_thresholds(self, message: BusyThresholdsChanged) -> BusyThresholdsChanged:
+        revision = 1 + max((m.revision for m in self.thresholds.values()), default=0)
+        stored = msgspec.structs.replace(message, revision=revision)
+        self.thresholds[message.model] = stored
+        return stored

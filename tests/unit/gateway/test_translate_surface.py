@@ -313,8 +313,11 @@ class TestNvext:
         assert pinned.worker_id == "w1"
 
     def test_dynamo_fields_without_effect_are_accepted(self) -> None:
-        ext = {"agent_hints": {"osl": 10}, "session_control": {}}
+        ext = {"session_control": {}, "routing_constraints": {}, "request_timestamp_ms": 1.0}
         assert chat(nvext=ext).routing is None
+
+    def test_agent_hints_reach_the_router(self) -> None:
+        assert chat(nvext={"agent_hints": {"osl": 10}}).routing == RoutingHints(osl=10)
 
     def test_disaggregation_pins_reach_the_router(self) -> None:
         ext = {"prefill_worker_id": 3, "decode_worker_id": "d1", "dp_rank": 1, "prefill_dp_rank": 0}

@@ -258,6 +258,16 @@ class TestLoadAccounting:
         assert core.on_load(WorkerLoad(worker_id="w2", active=0), now=10) == []
         assert core.load.requests("w1") == 1
 
+    def test_expected_output_tokens_count_in_the_decode_load_from_the_start(self) -> None:
+        core = _core()
+        hints = RoutingHints(osl=100)  # 7 blocks of 16
+        decision = core.decide(_gen(routing=hints), _cards("w1"), now=0, rng=RNG)
+        assert decision.output_blocks == 7
+        core.commit(decision, 0)
+        assert core.load.decode_blocks("w1") == 8 + 7
+        core.on_phase(RequestPhase(request_id="r1", worker_id="w1", phase="finished"))
+        assert core.load.decode_blocks("w1") == 0
+
     def test_rerouting_a_request_moves_its_load(self) -> None:
         core = _core()
         core.commit(core.decide(_gen(), _cards("w1"), now=0, rng=RNG), 0)
