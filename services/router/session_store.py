@@ -25,15 +25,14 @@ import msgspec
 import nats.errors
 import structlog
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
-from nats.js.client import KV_PRE_TEMPLATE, KV_STREAM_TEMPLATE, JetStreamContext
+from nats.js.client import JetStreamContext
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
-from nats.js.kv import KV_DEL, KV_MARKER_REASON, KV_OP, KV_PURGE, KeyValue
+from nats.js.kv import KeyValue
 
 from services.router.sessions import Binding, SessionTable, StoredBinding
 from shared import codec
 from shared.bus import consumer_alive
-from shared.registry.jetstream import open_kv
+from shared.registry.jetstream import is_kv_removal, kv_key_prefix, open_kv, watch_bucket
 from shared.subjects import Subjects
 from shared.tasks import cancel_and_wait
 
@@ -60,7 +59,7 @@ class SessionStore:
     ) -> None:
         self._js = js
         self._bucket = subjects.sessions_bucket
-        self._prefix = KV_PRE_TEMPLATE.format(bucket=self._bucket)
+        self._prefix = kv_key_prefix(self._bucket)
         self._router_id = router_id
         self._replicas = replicas
         self._clock = clock
@@ -152,24 +151,15 @@ class SessionStore:
         if old is not None:
             with contextlib.suppress(Exception):
                 await old.unsubscribe()
-        sub = await self._js.subscribe(
-            f"{self._prefix}>",
-            stream=KV_STREAM_TEMPLATE.format(bucket=self._bucket),
-            cb=self._on_entry,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-        )
-        self._sub = sub
-        info = await sub.consumer_info()
-        if info.num_pending == 0 and sub.delivered == 0:  # an empty bucket: nothing will come
+        self._sub, is_empty = await watch_bucket(self._js, self._bucket, self._on_entry)
+        if is_empty:  # nothing will come
             self._ready.set()
 
     async def _on_entry(self, msg: Msg) -> None:
         key = msg.subject[len(self._prefix) :]
         meta = msg.metadata
         revision = meta.sequence.stream
-        headers = msg.headers or {}
-        if not msg.data or headers.get(KV_OP) in (KV_DEL, KV_PURGE) or KV_MARKER_REASON in headers:
+        if is_kv_removal(msg):
             self.table.remove(key, revision)
         else:
             try:

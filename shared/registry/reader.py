@@ -19,13 +19,12 @@ import msgspec
 import nats.errors
 import structlog
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
-from nats.js.client import KV_PRE_TEMPLATE, KV_STREAM_TEMPLATE, JetStreamContext
-from nats.js.kv import KV_DEL, KV_MARKER_REASON, KV_OP, KV_PURGE
+from nats.js.client import JetStreamContext
 
 from shared import codec
 from shared.bus import consumer_alive
 from shared.messages import WorkerCard
+from shared.registry.jetstream import is_kv_removal, kv_key_prefix, watch_bucket
 from shared.registry.layout import (
     DEFAULT_WORKER_TTL_S,
     workers_bucket,
@@ -198,7 +197,7 @@ class WorkerDirectory:
         self._clock = clock
         self._on_change = on_change
         self.view = LiveWorkers(ttl_s=ttl_s)
-        self._prefix = KV_PRE_TEMPLATE.format(bucket=subjects.workers_bucket)
+        self._prefix = kv_key_prefix(subjects.workers_bucket)
         self._sub: JetStreamContext.PushSubscription | None = None
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
@@ -224,23 +223,15 @@ class WorkerDirectory:
         if old is not None:
             with contextlib.suppress(Exception):
                 await old.unsubscribe()
-        bucket = self._subjects.workers_bucket
-        sub = await self._js.subscribe(
-            f"{self._prefix}>",
-            stream=KV_STREAM_TEMPLATE.format(bucket=bucket),
-            cb=self._on_entry,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        self._sub, is_empty = await watch_bucket(
+            self._js, self._subjects.workers_bucket, self._on_entry
         )
-        self._sub = sub
-        info = await sub.consumer_info()
-        if info.num_pending == 0 and sub.delivered == 0:  # an empty bucket: nothing will come
+        if is_empty:  # nothing will come
             self._ready.set()
 
     async def _on_entry(self, msg: Msg) -> None:
         key = msg.subject[len(self._prefix) :]
-        headers = msg.headers or {}
-        if not msg.data or headers.get(KV_OP) in (KV_DEL, KV_PURGE) or KV_MARKER_REASON in headers:
+        if is_kv_removal(msg):
             if self.view.remove(key) is not None:
                 log.info("worker_deregistered", worker_id=key)
         else:

@@ -127,6 +127,20 @@ async def test_a_binding_outlives_the_router_that_made_it(
     assert {d.router_id for d in later} == {b.router_id}
 
 
+async def _bind_then_make_busy(
+    a: Router, nc: Client, subjects: Subjects, decisions: asyncio.Queue[RouteDecision], session: str
+) -> RouteDecision:
+    """The session's first turn (bound where it went), then that worker reports itself busy."""
+    await until(lambda: len(a.live(MODEL)) == 4, what="workers")
+    first = await _send(nc, subjects, decisions, _turn(session, 0))
+    await _bound(a, session, first.worker_id)
+    await _busy(nc, subjects, first.worker_id, used=1000)
+    await until(
+        lambda: a.core.reports.fresh(first.worker_id, a._clock()) is not None, what="report"
+    )
+    return first
+
+
 async def test_soft_affinity_moves_off_a_busy_worker(
     nats_url: str, subjects: Subjects, nc: Client
 ) -> None:
@@ -136,13 +150,7 @@ async def test_soft_affinity_moves_off_a_busy_worker(
         _router(nats_url, subjects, mode="soft") as a,
         _decisions(nc, subjects) as decisions,
     ):
-        await until(lambda: len(a.live(MODEL)) == 4, what="workers")
-        first = await _send(nc, subjects, decisions, _turn(session, 0))
-        await _bound(a, session, first.worker_id)
-        await _busy(nc, subjects, first.worker_id, used=1000)
-        await until(
-            lambda: a.core.reports.fresh(first.worker_id, a._clock()) is not None, what="report"
-        )
+        first = await _bind_then_make_busy(a, nc, subjects, decisions, session)
         moved = await _send(nc, subjects, decisions, _turn(session, 1))
         assert moved.worker_id != first.worker_id
         await _bound(a, session, moved.worker_id)
@@ -160,13 +168,7 @@ async def test_hard_affinity_waits_for_a_busy_worker(
         _router(nats_url, subjects, mode="hard") as a,
         _decisions(nc, subjects) as decisions,
     ):
-        await until(lambda: len(a.live(MODEL)) == 4, what="workers")
-        first = await _send(nc, subjects, decisions, _turn(session, 0))
-        await _bound(a, session, first.worker_id)
-        await _busy(nc, subjects, first.worker_id, used=1000)
-        await until(
-            lambda: a.core.reports.fresh(first.worker_id, a._clock()) is not None, what="report"
-        )
+        first = await _bind_then_make_busy(a, nc, subjects, decisions, session)
         busy_turn = _turn(session, 1)
         stream = await nc.subscribe(busy_turn.stream_to)
         await nc.publish(subjects.route, codec.encode(busy_turn))
