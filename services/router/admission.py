@@ -19,6 +19,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import nats.errors
 import structlog
@@ -106,6 +107,8 @@ class Admission:
         self._wake = asyncio.Event()
         self._tasks = TaskSet()
         self._sub: Subscription | None = None
+        self._served: dict[str, Any] = {}
+        """Policy class -> its ``served_tokens`` child (``labels`` costs a lookup each time)."""
         self._last_backlog: tuple[dict[str, dict[str, int]], frozenset[str]] = ({}, frozenset())
         self._backlog_at = 0.0
 
@@ -283,8 +286,12 @@ class Admission:
         self.ledger.on_decision(decision, self.policy.default_class, now)
         if decision.router_id == self.router_id and decision.prefill_tokens:
             cls = decision.policy_class or self.policy.default_class
-            self._metrics.served_tokens.labels(cls).inc(decision.prefill_tokens)
-        self.wake()
+            served = self._served.get(cls)
+            if served is None:
+                served = self._served[cls] = self._metrics.served_tokens.labels(cls)
+            served.inc(decision.prefill_tokens)
+        if self._waiting:
+            self._wake.set()
 
     def on_phase(self, phase: RequestPhase, now: float) -> None:
         if phase.phase == "finished":
