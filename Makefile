@@ -130,6 +130,9 @@ bench-routing: $(STAMP) ## router benchmark: decision latency + events/s (a), sh
 bench-disagg: $(STAMP) ## 4 aggregated vs 2 prefill + 2 decode mockers (speedup 1, 4-8k-token prompts, c=16/64), JetServe vs Dynamo alternated, --rounds 2 (~15 min; --quick); JSON + plots in .bench/
 	$(PY) -m bench.disagg --out $(BENCH_OUT)-disagg.jsonl $(ARGS)
 
+bench-fairness: $(STAMP) ## fairness across router replicas: premium:regular 4:1, saturated mockers, 1 router vs 2 with skewed ingress (+ JetServe as 2 sites on 2 NATS nodes), JetServe vs Dynamo alternated, --rounds 2 (~15 min; --quick ~3 min); JSON in .bench/
+	$(PY) -m bench.fairness --out $(BENCH_OUT)-fairness.jsonl $(ARGS)
+
 config-doc: $(STAMP) ## regenerate docs/configuration.md and .env from the settings tables
 	$(PY) -m tools.config_doc --write
 
