@@ -103,10 +103,14 @@ async def test_a_sessions_turns_stay_on_one_worker_through_two_replicas(
         seen = [first] + [
             await _send(nc, subjects, decisions, _turn(session, number)) for number in range(1, 20)
         ]
-        other = await _send(nc, subjects, decisions, _turn(f"{session}-other", 0))
+        others = [
+            await _send(nc, subjects, decisions, _turn(f"{session}-other{i}", 0)) for i in range(4)
+        ]
     assert {d.worker_id for d in seen} == {first.worker_id}
     assert {d.router_id for d in seen} == {a.router_id, b.router_id}
-    assert other.worker_id != first.worker_id  # round-robin goes on for other sessions
+    # Round-robin goes on for other sessions: one replica took at least two of the four, and its
+    # cursor gave them two workers (each replica has its own cursor, so one may be on w1 again).
+    assert len({d.worker_id for d in others}) >= 2, [d.worker_id for d in others]
     hits = sum(r.metrics.session_bindings.labels("hit")._value.get() for r in (a, b))
     assert hits == 19
 
