@@ -160,13 +160,7 @@ def dynamo_env(
     half = settings.workers // 2
     mocker_args = ["--kv-transfer-bandwidth", f"{settings.kv_transfer_gbps:g}"]
     return {
-        "VENV": str(kit.venv),
-        "MODEL_DIR": str(kit.model_dir),
-        "MODEL_NAME": settings.model_name,
-        "HTTP_PORT": str(ports[0]),
-        "NATS_PORT": str(ports[1]),
-        "RUN_DIR": str(run_dir),
-        "ROUTER_MODE": "kv",
+        **kit.up_env(settings.model_name, ports, run_dir, "kv"),
         "SPEEDUP": f"{settings.speedup:g}",
         "BLOCK_SIZE": str(settings.block_size),
         "NUM_GPU_BLOCKS": str(settings.gpu_blocks),

@@ -311,13 +311,7 @@ def dynamo_env(
     """The kit's ``dynamo_up.sh`` knobs: ``scenario.gateways`` frontends with the policy file."""
     frontend_args = ["--router-policy-config", str(policy), *settings.dynamo_frontend_args]
     return {
-        "VENV": str(kit.venv),
-        "MODEL_DIR": str(kit.model_dir),
-        "MODEL_NAME": settings.model_name,
-        "HTTP_PORT": str(ports[0]),
-        "NATS_PORT": str(ports[1]),
-        "RUN_DIR": str(run_dir),
-        "ROUTER_MODE": "kv",
+        **kit.up_env(settings.model_name, ports, run_dir, "kv"),
         "NUM_WORKERS": str(settings.workers),
         "SPEEDUP": f"{settings.speedup:g}",
         "BLOCK_SIZE": str(settings.block_size),

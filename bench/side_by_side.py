@@ -109,6 +109,21 @@ class Kit:
         ]
         return [str(p) for p in wanted if not p.exists()]
 
+    def up_env(
+        self, model_name: str, ports: tuple[int, int], run_dir: Path, router_mode: str
+    ) -> dict[str, str]:
+        """The knobs every ``dynamo_up.sh`` run sets (``ports``: HTTP, NATS); a bench adds its
+        own (workers, speedup, frontends, …)."""
+        return {
+            "VENV": str(self.venv),
+            "MODEL_DIR": str(self.model_dir),
+            "MODEL_NAME": model_name,
+            "HTTP_PORT": str(ports[0]),
+            "NATS_PORT": str(ports[1]),
+            "RUN_DIR": str(run_dir),
+            "ROUTER_MODE": router_mode,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class Running:
@@ -136,14 +151,8 @@ def dynamo_up(kit: Kit, work: Path, model_name: str) -> Iterator[Running]:
     run_dir = work / "dynamo"
     env = {
         **os.environ,
-        "VENV": str(kit.venv),
-        "MODEL_DIR": str(kit.model_dir),
-        "MODEL_NAME": model_name,
-        "HTTP_PORT": str(http_port),
-        "NATS_PORT": str(nats_port),
-        "RUN_DIR": str(run_dir),
+        **kit.up_env(model_name, (http_port, nats_port), run_dir, "round-robin"),
         "NUM_WORKERS": "2",
-        "ROUTER_MODE": "round-robin",
         "SPEEDUP": "1000000",
     }
     try:
