@@ -17,7 +17,6 @@ table's own expiry by each value's timestamp.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -31,8 +30,8 @@ from nats.js.kv import KeyValue
 
 from services.router.sessions import Binding, SessionTable, StoredBinding
 from shared import codec
-from shared.bus import consumer_alive
-from shared.registry.jetstream import is_kv_removal, kv_key_prefix, open_kv, watch_bucket
+from shared.registry.jetstream import open_kv
+from shared.registry.watch import BucketWatch, is_kv_removal
 from shared.subjects import Subjects
 from shared.tasks import cancel_and_wait
 
@@ -59,14 +58,12 @@ class SessionStore:
     ) -> None:
         self._js = js
         self._bucket = subjects.sessions_bucket
-        self._prefix = kv_key_prefix(self._bucket)
         self._router_id = router_id
         self._replicas = replicas
         self._clock = clock
         self.table = SessionTable(ttl_s)
         self._kv: KeyValue | None = None
-        self._sub: JetStreamContext.PushSubscription | None = None
-        self._ready = asyncio.Event()
+        self._watch = BucketWatch(js, self._bucket, self._on_entry)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -77,8 +74,8 @@ class SessionStore:
             log.warning(
                 "session_bucket_ttl_differs", bucket_ttl_s=status.ttl, ttl_s=self.table.ttl_s
             )
-        await self._watch()
-        await asyncio.wait_for(self._ready.wait(), READY_TIMEOUT_S)
+        await self._watch.watch()
+        await asyncio.wait_for(self._watch.ready.wait(), READY_TIMEOUT_S)
         self._task = asyncio.create_task(self._guard(), name="session-watch")
         log.info("sessions_loaded", bindings=len(self.table))
 
@@ -86,9 +83,7 @@ class SessionStore:
         task, self._task = self._task, None
         if task is not None:
             await cancel_and_wait([task])
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+        await self._watch.stop()
 
     def binding(self, key: str) -> Binding | None:
         """The live binding of ``key`` as this replica knows it (memory only)."""
@@ -145,18 +140,9 @@ class SessionStore:
         return binding
 
     # --- the watch -------------------------------------------------------------------------------
-    async def _watch(self) -> None:
-        """(Re)subscribe: every key's latest value, then every change, into the table."""
-        old, self._sub = self._sub, None
-        if old is not None:
-            with contextlib.suppress(Exception):
-                await old.unsubscribe()
-        self._sub, is_empty = await watch_bucket(self._js, self._bucket, self._on_entry)
-        if is_empty:  # nothing will come
-            self._ready.set()
-
     async def _on_entry(self, msg: Msg) -> None:
-        key = msg.subject[len(self._prefix) :]
+        """Every key's latest value, then every change, into the table."""
+        key = self._watch.key(msg)
         meta = msg.metadata
         revision = meta.sequence.stream
         if is_kv_removal(msg):
@@ -169,23 +155,21 @@ class SessionStore:
             else:
                 written = meta.timestamp.timestamp() if meta.timestamp else self._clock()
                 self.table.put(key, Binding(stored.worker_id, stored.dp_rank, revision, written))
-        if meta.num_pending == 0:
-            self._ready.set()
+        self._watch.seen(msg)
 
     async def _guard(self) -> None:
         """Forever: when the server lost the watch (it restarted), watch again."""
         while True:
             await asyncio.sleep(WATCH_CHECK_S)
             self.table.expire(self._clock())
-            sub = self._sub
-            alive = False if sub is None else await consumer_alive(sub, WATCH_CHECK_TIMEOUT_S)
+            alive = await self._watch.alive(WATCH_CHECK_TIMEOUT_S)
             if alive is not False:
                 continue
             try:
                 self._kv = await open_kv(
                     self._js, self._bucket, self.table.ttl_s, replicas=self._replicas, retry_s=0
                 )
-                await self._watch()
+                await self._watch.watch()
                 log.info("sessions_rewatched", bindings=len(self.table))
             except (nats.errors.Error, TimeoutError) as exc:
                 log.warning("sessions_rewatch_failed", error=repr(exc))

@@ -12,9 +12,8 @@ from typing import TypeVar
 
 import nats.errors
 import structlog
-from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy, KeyValueConfig, ObjectStoreConfig, StorageType
-from nats.js.client import KV_PRE_TEMPLATE, KV_STREAM_TEMPLATE, JetStreamContext
+from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
+from nats.js.client import KV_STREAM_TEMPLATE, JetStreamContext
 from nats.js.errors import (
     APIError,
     BadRequestError,
@@ -23,7 +22,7 @@ from nats.js.errors import (
     ObjectNotFoundError,
     ServiceUnavailableError,
 )
-from nats.js.kv import KV_DEL, KV_MARKER_REASON, KV_OP, KV_PURGE, KeyValue
+from nats.js.kv import KeyValue
 from nats.js.object_store import OBJ_STREAM_TEMPLATE, ObjectStore
 
 log = structlog.get_logger(__name__)
@@ -270,31 +269,3 @@ async def object_digest(store: ObjectStore, name: str) -> str | None:
 def content_digest(data: bytes) -> str:
     """An object's digest as the object store reports it (``SHA-256=`` + base64url)."""
     return "SHA-256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode()
-
-
-def kv_key_prefix(bucket: str) -> str:
-    """The subject prefix of a KV bucket's keys (``$KV.<bucket>.``)."""
-    return KV_PRE_TEMPLATE.format(bucket=bucket)
-
-
-async def watch_bucket(
-    js: JetStreamContext, bucket: str, cb: Callable[[Msg], Awaitable[None]]
-) -> tuple[JetStreamContext.PushSubscription, bool]:
-    """Watch every key of ``bucket``: its latest value, then every change, into ``cb`` (an
-    ordered consumer, so a restarted server's lost consumer is noticed and made again by the
-    caller). Returns the subscription and whether the bucket was empty (nothing will come)."""
-    sub = await js.subscribe(
-        f"{kv_key_prefix(bucket)}>",
-        stream=KV_STREAM_TEMPLATE.format(bucket=bucket),
-        cb=cb,
-        ordered_consumer=True,
-        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-    )
-    info = await sub.consumer_info()
-    return sub, info.num_pending == 0 and sub.delivered == 0
-
-
-def is_kv_removal(msg: Msg) -> bool:
-    """A watched entry that says its key is gone (deleted, purged, or expired by a marker)."""
-    headers = msg.headers or {}
-    return not msg.data or headers.get(KV_OP) in (KV_DEL, KV_PURGE) or KV_MARKER_REASON in headers

@@ -9,7 +9,6 @@ not count the time it could not see the bucket against any card.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -22,13 +21,12 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
 from shared import codec
-from shared.bus import consumer_alive
 from shared.messages import WorkerCard
-from shared.registry.jetstream import is_kv_removal, kv_key_prefix, watch_bucket
 from shared.registry.layout import (
     DEFAULT_WORKER_TTL_S,
     workers_bucket,
 )
+from shared.registry.watch import BucketWatch, is_kv_removal
 from shared.subjects import Subjects
 from shared.tasks import cancel_and_wait
 
@@ -197,40 +195,25 @@ class WorkerDirectory:
         self._clock = clock
         self._on_change = on_change
         self.view = LiveWorkers(ttl_s=ttl_s)
-        self._prefix = kv_key_prefix(subjects.workers_bucket)
-        self._sub: JetStreamContext.PushSubscription | None = None
+        self._watch = BucketWatch(js, subjects.workers_bucket, self._on_entry)
         self._task: asyncio.Task[None] | None = None
-        self._ready = asyncio.Event()
 
     async def start(self) -> None:
         """Open the bucket and start watching; returns once the initial values are loaded."""
         await workers_bucket(self._js, self._subjects, self.view.ttl_s)
-        await self._watch()
-        await asyncio.wait_for(self._ready.wait(), timeout=10)
+        await self._watch.watch()
+        await asyncio.wait_for(self._watch.ready.wait(), timeout=10)
         self._task = asyncio.create_task(self._guard(), name="worker-directory")
 
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
             await cancel_and_wait([task])
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-
-    async def _watch(self) -> None:
-        """(Re)subscribe: every key's latest value, then every change, into ``view``."""
-        old, self._sub = self._sub, None
-        if old is not None:
-            with contextlib.suppress(Exception):
-                await old.unsubscribe()
-        self._sub, is_empty = await watch_bucket(
-            self._js, self._subjects.workers_bucket, self._on_entry
-        )
-        if is_empty:  # nothing will come
-            self._ready.set()
+        await self._watch.stop()
 
     async def _on_entry(self, msg: Msg) -> None:
-        key = msg.subject[len(self._prefix) :]
+        """Every key's latest value, then every change, into ``view``."""
+        key = self._watch.key(msg)
         if is_kv_removal(msg):
             if self.view.remove(key) is not None:
                 log.info("worker_deregistered", worker_id=key)
@@ -239,8 +222,7 @@ class WorkerDirectory:
                 self._put(codec.decode(msg.data, WorkerCard))
             except codec.DecodeError as exc:
                 log.warning("bad_worker_card", key=key, error=str(exc))
-        if msg.metadata.num_pending == 0:  # the initial values are in
-            self._ready.set()
+        self._watch.seen(msg)
         if self._on_change is not None:
             self._on_change()
 
@@ -253,8 +235,7 @@ class WorkerDirectory:
         """Forever: check the watch; when the server lost it, watch again (a fresh view)."""
         while True:
             await asyncio.sleep(WATCH_CHECK_S)
-            sub = self._sub  # None: the last attempt to watch again failed
-            alive = False if sub is None else await consumer_alive(sub, WATCH_CHECK_TIMEOUT_S)
+            alive = await self._watch.alive(WATCH_CHECK_TIMEOUT_S)
             if alive:
                 if self.view.see(self._clock()):
                     log.info("worker_directory_watching")
@@ -266,7 +247,7 @@ class WorkerDirectory:
                     # A server that lost its store lost the bucket too: the workers' next
                     # heartbeats fill it again.
                     await workers_bucket(self._js, self._subjects, self.view.ttl_s, retry_s=0)
-                    await self._watch()
+                    await self._watch.watch()
                     log.info("worker_directory_rewatched", workers=len(self.view.cards))
                 except (nats.errors.Error, TimeoutError) as exc:
                     log.warning("worker_directory_rewatch_failed", error=repr(exc))
