@@ -25,6 +25,7 @@ from bench.fairness_report import (
     gateway_for,
 )
 from bench.fairness_settings import DYNAMO_QUEUE_METRIC, REQUEST_TIMEOUT_S, WORDS, Settings
+from bench.httpclient import read_body, read_head
 from shared.codec import decode
 from shared.messages import RouteDecision
 from shared.subjects import Subjects
@@ -105,11 +106,11 @@ class Connection:
         start = time.perf_counter()
         reader, writer, status_line = await self._send(payload, cls)
         status = int(status_line.split()[1])
-        chunked, length, close = _headers(await _read_headers(reader))
+        chunked, length, close = await read_head(reader)
         ttft: float | None = None
         usage: dict[str, Any] = {}
         buffer = b""
-        async for data in _body(reader, chunked, length):
+        async for data in read_body(reader, chunked, length):
             _quickack(writer)
             buffer += data
             while b"\n\n" in buffer:
@@ -123,38 +124,6 @@ class Connection:
         if close or status != 200:
             await self.close()
         return status, ttft, usage, "" if status == 200 else buffer[:300].decode(errors="replace")
-
-
-async def _read_headers(reader: asyncio.StreamReader) -> list[bytes]:
-    lines = []
-    while (line := await reader.readline()) not in (b"\r\n", b""):
-        lines.append(line)
-    return lines
-
-
-def _headers(lines: list[bytes]) -> tuple[bool, int | None, bool]:
-    """Chunked?, Content-Length, Connection: close? from the response's header lines."""
-    chunked, length, close = False, None, False
-    for line in lines:
-        key, _, value = line.decode().partition(":")
-        key, value = key.strip().lower(), value.strip().lower()
-        chunked |= key == "transfer-encoding" and "chunked" in value
-        close |= key == "connection" and value == "close"
-        if key == "content-length":
-            length = int(value)
-    return chunked, length, close
-
-
-async def _body(reader: asyncio.StreamReader, chunked: bool, length: int | None) -> Any:
-    if chunked:
-        while size := int((await reader.readline()).strip(), 16):
-            yield await reader.readexactly(size)
-            await reader.readline()
-        await reader.readline()
-    elif length is not None:
-        yield await reader.readexactly(length)
-    else:
-        yield await reader.read()
 
 
 def _has_text(obj: dict[str, Any]) -> bool:

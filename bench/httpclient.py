@@ -63,22 +63,10 @@ class Connection:
         )
         status_line = await reader.readline()
         rec.status = int(status_line.split()[1])
-        chunked, length, close = False, None, False
-        while True:
-            line = await reader.readline()
-            if line in (b"\r\n", b""):
-                break
-            key, _, value = line.decode().partition(":")
-            key, value = key.strip().lower(), value.strip().lower()
-            if key == "transfer-encoding" and "chunked" in value:
-                chunked = True
-            elif key == "content-length":
-                length = int(value)
-            elif key == "connection" and value == "close":
-                close = True
+        chunked, length, close = await read_head(reader)
         last: float | None = None
         buffer = b""
-        async for data in _body(reader, chunked, length):
+        async for data in read_body(reader, chunked, length):
             buffer += data
             while b"\n\n" in buffer:
                 event, buffer = buffer.split(b"\n\n", 1)
@@ -108,7 +96,21 @@ def _on_event(rec: Record, obj: dict[str, Any], t0: float, last: float | None) -
     return last
 
 
-async def _body(reader: asyncio.StreamReader, chunked: bool, length: int | None) -> Any:
+async def read_head(reader: asyncio.StreamReader) -> tuple[bool, int | None, bool]:
+    """A response's header lines, read: chunked?, its Content-Length, Connection: close?"""
+    chunked, length, close = False, None, False
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        key, _, value = line.decode().partition(":")
+        key, value = key.strip().lower(), value.strip().lower()
+        chunked |= key == "transfer-encoding" and "chunked" in value
+        close |= key == "connection" and value == "close"
+        if key == "content-length":
+            length = int(value)
+    return chunked, length, close
+
+
+async def read_body(reader: asyncio.StreamReader, chunked: bool, length: int | None) -> Any:
+    """A response's body as it comes (each chunk of a chunked one)."""
     if chunked:
         while True:
             size = int((await reader.readline()).strip(), 16)
