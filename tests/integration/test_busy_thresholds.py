@@ -3,36 +3,19 @@ the broadcast and from the KV bucket at start; the gateway bus stores and lists 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 from services.gateway.config import GatewayConfig
 from services.gateway.core.bus import NatsBus
-from services.router.config import RouterConfig
 from services.router.load import BusyThresholds
-from services.router.service import Router
 from shared import busy_thresholds, codec
 from shared.bus import connect
 from shared.messages import BusyThresholdsChanged
 from shared.subjects import Subjects
+from tests.integration.router_kv_support import running_router
 from tests.support import eventually_async
 
 MODEL = "m"
-
-
-@asynccontextmanager
-async def running_router(
-    nats_url: str, subjects: Subjects, **overrides: Any
-) -> AsyncIterator[Router]:
-    nc = await connect(nats_url, name="test-router")
-    router = Router(RouterConfig(nats_url=nats_url, namespace=subjects.namespace, **overrides), nc)
-    await router.start()
-    try:
-        yield router
-    finally:
-        await router.stop()
-        await nc.drain()
 
 
 async def set_thresholds(nats_url: str, subjects: Subjects, **values: Any) -> BusyThresholdsChanged:
