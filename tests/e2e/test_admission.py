@@ -8,6 +8,7 @@ and policy file, as a second deployment of the gateway would be.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import statistics
@@ -169,6 +170,33 @@ BUSY_WHILE_PREFILLING = ["--active-prefill-tokens-threshold", "0"]
 """A worker is busy while any request routed there is in prefill: under a burst, most wait."""
 
 
+@contextlib.contextmanager
+def _overloaded(
+    tmp_path: Path, model_dir: Path, *router_args: str, routers: int = 1, timeout_s: float
+) -> Iterator[tuple[Stack, openai.AsyncOpenAI]]:
+    """One slow worker, busy while it prefills, behind ``routers`` routers; an async client
+    whose requests time out after ``timeout_s`` (a hang fails the test)."""
+    with running_stack(
+        tmp_path,
+        model_dir,
+        workers=1,
+        routers=routers,
+        mocker_args="--speedup-ratio 0.2 --seed 1",
+        service_args={"router": [*BUSY_WHILE_PREFILLING, *router_args]},
+    ) as stack:
+        yield (
+            stack,
+            openai.AsyncOpenAI(
+                base_url=f"{stack.base_url}/v1", api_key="none", max_retries=0, timeout=120
+            ),
+        )
+
+
+def _long_prompt(tag: str) -> str:
+    """A prompt whose prefill takes a while at speedup 0.2 (unique by ``tag``: nothing cached)."""
+    return " ".join(f"{tag}w{j}" for j in range(300))
+
+
 async def _ttft(client: openai.AsyncOpenAI, priority: float, prompt: str) -> float:
     started = time.monotonic()
     stream = await client.chat.completions.create(
@@ -186,26 +214,27 @@ async def _ttft(client: openai.AsyncOpenAI, priority: float, prompt: str) -> flo
     return first
 
 
+async def _answer(client: openai.AsyncOpenAI, prompt: str) -> tuple[int, str | None]:
+    """The status of one chat completion, and its ``Retry-After`` when refused."""
+    try:
+        await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=2
+        )
+    except openai.APIStatusError as exc:
+        return exc.status_code, exc.response.headers.get("retry-after")
+    return 200, None
+
+
 def test_under_overload_high_priority_gets_its_first_token_sooner(
     tmp_path: Path, model_dir: Path
 ) -> None:
-    with running_stack(
-        tmp_path,
-        model_dir,
-        workers=1,
-        mocker_args="--speedup-ratio 0.2 --seed 1",
-        service_args={"router": BUSY_WHILE_PREFILLING},
-    ) as stack:
+    with _overloaded(tmp_path, model_dir, timeout_s=120) as (_, client):
 
         async def burst() -> tuple[list[float], list[float]]:
-            client = openai.AsyncOpenAI(
-                base_url=f"{stack.base_url}/v1", api_key="none", max_retries=0, timeout=120
-            )
-            words = " ".join(f"w{i}" for i in range(300))  # a prefill that takes a while
             tasks = []
             for i in range(16):  # alternate, so neither kind arrives first
-                tasks.append(_ttft(client, 0, f"low {i} {words}"))
-                tasks.append(_ttft(client, 60, f"high {i} {words}"))
+                tasks.append(_ttft(client, 0, f"low {i} {_long_prompt('')}"))
+                tasks.append(_ttft(client, 60, f"high {i} {_long_prompt('')}"))
             ttfts = await asyncio.gather(*tasks)
             return list(ttfts[0::2]), list(ttfts[1::2])
 
@@ -217,30 +246,12 @@ def test_under_overload_high_priority_gets_its_first_token_sooner(
 def test_past_the_queue_bound_requests_get_529_and_none_hangs(
     tmp_path: Path, model_dir: Path
 ) -> None:
-    router_args = [*BUSY_WHILE_PREFILLING, "--queue-max-length", "2"]
-    with running_stack(
-        tmp_path,
-        model_dir,
-        workers=1,
-        mocker_args="--speedup-ratio 0.2 --seed 1",
-        service_args={"router": router_args},
-    ) as stack:
-
-        async def one(client: openai.AsyncOpenAI, i: int) -> tuple[int, str | None]:
-            words = " ".join(f"x{i}y{j}" for j in range(300))
-            try:
-                await client.chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": words}], max_tokens=2
-                )
-            except openai.APIStatusError as exc:
-                return exc.status_code, exc.response.headers.get("retry-after")
-            return 200, None
+    with _overloaded(tmp_path, model_dir, "--queue-max-length", "2", timeout_s=60) as (_, client):
 
         async def flood() -> list[tuple[int, str | None]]:
-            client = openai.AsyncOpenAI(
-                base_url=f"{stack.base_url}/v1", api_key="none", max_retries=0, timeout=60
+            return await asyncio.gather(
+                *(_answer(client, _long_prompt(f"x{i}")) for i in range(12))
             )
-            return await asyncio.gather(*(one(client, i) for i in range(12)))
 
         answers = asyncio.run(flood())
     statuses = [status for status, _ in answers]
@@ -255,34 +266,14 @@ def test_a_router_killed_with_requests_in_its_queue_loses_none(
 ) -> None:
     """Its queued requests are known to the fleet while it lives (its backlog records name
     them); once it is gone, the formatters find them unrouted and submit them again."""
-    with running_stack(
-        tmp_path,
-        model_dir,
-        workers=1,
-        routers=2,
-        mocker_args="--speedup-ratio 0.2 --seed 1",
-        service_args={"router": BUSY_WHILE_PREFILLING},
-    ) as stack:
+    with _overloaded(tmp_path, model_dir, routers=2, timeout_s=90) as (stack, client):
 
-        async def one(client: openai.AsyncOpenAI, i: int) -> int:
-            words = " ".join(f"k{i}v{j}" for j in range(300))
-            try:
-                await client.chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": words}], max_tokens=2
-                )
-            except openai.APIStatusError as exc:
-                return exc.status_code
-            return 200
-
-        async def flood_and_kill() -> list[int]:
-            client = openai.AsyncOpenAI(
-                base_url=f"{stack.base_url}/v1", api_key="none", max_retries=0, timeout=90
-            )
-            tasks = [asyncio.create_task(one(client, i)) for i in range(12)]
+        async def flood_and_kill() -> list[tuple[int, str | None]]:
+            tasks = [asyncio.create_task(_answer(client, _long_prompt(f"k{i}"))) for i in range(12)]
             await asyncio.sleep(1.5)  # both routers hold queued requests by now
             router = next(c for c in stack.children if c.name.startswith("router"))
             os.kill(router.proc.pid, signal.SIGKILL)
             return await asyncio.gather(*tasks)
 
-        statuses = asyncio.run(flood_and_kill())
-    assert statuses == [200] * 12
+        answers = asyncio.run(flood_and_kill())
+    assert [status for status, _ in answers] == [200] * 12, answers

@@ -16,7 +16,6 @@ import openai
 import pytest
 
 from services.cli.stack import Child, Stack
-from services.router.config import RouterConfig
 from tests.e2e.conftest import MODEL, running_stack
 from tests.support import eventually
 
@@ -60,8 +59,8 @@ async def test_good_admission_inputs_are_served(client: openai.AsyncOpenAI) -> N
 @pytest.fixture(scope="module")
 def two_routers(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
     """Two router replicas, one realistic-speed worker (a long request keeps it busy)."""
-    # With the router queue (issue 26) a busy fleet would queue: answer at once instead.
-    no_queue = ["--queue-max-length", "0"] if _has_setting("queue_max_length") else []
+    # With the router queue a busy fleet would queue: answer at once instead.
+    no_queue = ["--queue-max-length", "0"]
     with running_stack(
         tmp_path_factory.mktemp("busy"),
         model_dir,
@@ -71,10 +70,6 @@ def two_routers(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> It
         service_args={"router": no_queue},
     ) as stack:
         yield stack
-
-
-def _has_setting(name: str) -> bool:
-    return any(item.name == name for item in RouterConfig.settings())
 
 
 def _routers(stack: Stack) -> list[Child]:
