@@ -103,7 +103,6 @@ class Admission:
         self.ledger = Ledger(router_id, window_s)
         self.shares = Shares(policy, self.ledger)
         self.queues: dict[str, RouterQueue] = {}
-        self._waiting = 0
         self._wake = asyncio.Event()
         self._tasks = TaskSet()
         self._sub: Subscription | None = None
@@ -115,6 +114,11 @@ class Admission:
     @property
     def queueing(self) -> bool:
         return self.max_length > 0
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting in this replica's queues (all models)."""
+        return sum(len(q) for q in self.queues.values())
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -267,7 +271,6 @@ class Admission:
                 f"the router queue of model {gen.model} is full ({self.max_length} waiting)",
                 retry_after_s=1.0,
             )
-        self._waiting += 1
         self._metrics.queue_outcomes.labels("queued").inc()
         self._wake.set()
 
@@ -275,7 +278,6 @@ class Admission:
         """A cancelled request leaves the queue (True if it was waiting here)."""
         for queue in self.queues.values():
             if queue.remove(request_id) is not None:
-                self._waiting -= 1
                 self._metrics.queue_outcomes.labels("cancelled").inc()
                 self._wake.set()
                 return True
@@ -290,7 +292,7 @@ class Admission:
             if served is None:
                 served = self._served[cls] = self._metrics.served_tokens.labels(cls)
             served.inc(decision.prefill_tokens)
-        if self._waiting:
+        if self.waiting:
             self._wake.set()
 
     def on_phase(self, phase: RequestPhase, now: float) -> None:
@@ -299,7 +301,7 @@ class Admission:
         self.wake()
 
     def wake(self) -> None:
-        if self._waiting:
+        if self.waiting:
             self._wake.set()
 
     async def _on_backlog(self, msg: Msg) -> None:
@@ -323,7 +325,7 @@ class Admission:
     # --- loops ---------------------------------------------------------------------------------
     async def _dispatch_loop(self) -> None:
         while True:
-            timeout = TICK_S if self._waiting else BACKLOG_HEARTBEAT_S
+            timeout = TICK_S if self.waiting else BACKLOG_HEARTBEAT_S
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
@@ -338,7 +340,6 @@ class Admission:
         now = self._clock()
         for model, queue in list(self.queues.items()):
             for waiting in queue.expired(now):
-                self._waiting -= 1
                 self._metrics.queue_outcomes.labels("expired").inc()
                 waited = now - waiting.enqueued_at
                 await self._fail(
@@ -348,13 +349,11 @@ class Admission:
             while (head := queue.next(self.shares, model, now)) is not None:
                 waiting = head
                 queue.remove(waiting.request_id)
-                self._waiting -= 1
                 waited = now - waiting.enqueued_at
                 try:
                     await self._route(waiting.gen, waited)
                 except AllWorkersBusy:
                     queue.push(waiting)
-                    self._waiting += 1
                     break
                 except ServiceError as exc:
                     await self._fail(waiting.gen, exc)
@@ -362,7 +361,7 @@ class Admission:
                 self._metrics.queue_outcomes.labels("routed").inc()
                 self._metrics.queue_wait.observe(waited)
                 now = self._clock()
-        self._metrics.queue_depth.set(self._waiting)
+        self._metrics.queue_depth.set(self.waiting)
 
     def holds(self, request_id: str, now: float) -> bool:
         """Whether ``request_id`` waits in this replica's queue or a live peer's."""

@@ -355,10 +355,9 @@ class Router:
             )
         # The bookkeeping after the request is on its way (the publish above does not wait
         # while the socket keeps up, so no other decision comes in between).
-        self.core.commit(decision, now)
+        self._count(decision, now)
         if turn is not None and self.sessions is not None:
             self.sessions.routed(gen, turn, decision, now)
-        self.admission.on_decision(decision, now)
         await self._nc.publish(self._subjects.decisions, codec.encode(decision))
         self.metrics.decisions.labels(decision.mode).inc()
         self.metrics.overlap_blocks.observe(decision.overlap_blocks)
@@ -517,9 +516,12 @@ class Router:
     # --- what keeps replicas in agreement ------------------------------------------------------
     async def on_decision(self, decision: RouteDecision) -> None:
         if decision.router_id != self.router_id:
-            now = self._clock()
-            self.core.commit(decision, now)
-            self.admission.on_decision(decision, now)
+            self._count(decision, self._clock())
+
+    def _count(self, decision: RouteDecision, now: float) -> None:
+        """A decision, this replica's or a peer's, in the active load and the admission ledger."""
+        self.core.commit(decision, now)
+        self.admission.on_decision(decision, now)
 
     async def on_phase(self, phase: RequestPhase) -> None:
         self.core.on_phase(phase)
