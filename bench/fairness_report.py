@@ -389,27 +389,25 @@ def kill_figures(
     }
 
 
-def skipped_line(system: str, scenario: Scenario, round_no: int, why: str) -> dict[str, Any]:
-    """A run not made, and why (it says which other line stands for it)."""
+def _unmade_line(system: str, scenario: Scenario, round_no: int) -> dict[str, Any]:
+    """The keys naming a run that gave no figures."""
     return {
         "bench": BENCH,
         "system": system,
         "scenario": scenario.name,
         "routers": scenario.routers,
         "round": round_no,
-        "skipped": why,
     }
+
+
+def skipped_line(system: str, scenario: Scenario, round_no: int, why: str) -> dict[str, Any]:
+    """A run not made, and why (it says which other line stands for it)."""
+    return {**_unmade_line(system, scenario, round_no), "skipped": why}
 
 
 def error_line(system: str, scenario: Scenario, round_no: int, error: str) -> dict[str, Any]:
-    return {
-        "bench": BENCH,
-        "system": system,
-        "scenario": scenario.name,
-        "routers": scenario.routers,
-        "round": round_no,
-        "error": error[-1500:],
-    }
+    """A run that failed, and the end of its error."""
+    return {**_unmade_line(system, scenario, round_no), "error": error[-1500:]}
 
 
 def schedule(
