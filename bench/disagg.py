@@ -80,8 +80,6 @@ from bench.disagg_report import (
 from bench.side_by_side import (
     CACHE,
     ROOT,
-    START_TIMEOUT_S,
-    STOP_TIMEOUT_S,
     Client,
     Kit,
     Running,
@@ -91,6 +89,7 @@ from bench.side_by_side import (
     appending,
     choose_client,
     emit,
+    kit_running,
 )
 from bench.side_by_side_report import DYNAMO, JETSERVE, SERVER, parse_summary
 from services.cli.stack import free_ports
@@ -208,18 +207,7 @@ def dynamo_up(settings: Settings, mode: str, kit: Kit, work: Path) -> Iterator[R
     run_dir = work / "dynamo"
     http_port, nats_port = free_ports(2)
     env = {**os.environ, **dynamo_env(settings, mode, kit, (http_port, nats_port), run_dir)}
-    with contextlib.ExitStack() as stack:
-        stack.callback(
-            subprocess.run,
-            ["bash", str(kit.dir / "dynamo_down.sh")],
-            env=env, capture_output=True, timeout=STOP_TIMEOUT_S, check=False,
-        )  # fmt: skip
-        up = subprocess.run(
-            ["bash", str(kit.dir / "dynamo_up.sh")],
-            env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S, check=False,
-        )  # fmt: skip
-        if up.returncode:
-            raise RuntimeError(f"dynamo_up.sh exited {up.returncode}: {up.stderr[-1500:]}")
+    with kit_running(kit, env):
         yield Running(url=f"http://127.0.0.1:{http_port}", pid_dir=run_dir)
 
 

@@ -36,11 +36,11 @@ from bench.fairness_settings import (
 )
 from bench.side_by_side import (
     ROOT,
-    START_TIMEOUT_S,
     STOP_TIMEOUT_S,
     Kit,
     _stop_launcher,
     _wait_up_line,
+    kit_running,
 )
 from services.cli import runrecord
 from services.cli.stack import (
@@ -330,17 +330,7 @@ def dynamo_stack(settings: Settings, scenario: Scenario, kit: Kit, work: Path) -
     nats_port = next(p for p in free_ports(4) if not http_port <= p < http_port + scenario.gateways)
     ports = (http_port, nats_port)
     env = {**os.environ, **dynamo_env(settings, scenario, kit, ports, run_dir, policy)}
-    with contextlib.ExitStack() as stack:
-        stack.callback(
-            subprocess.run, ["bash", str(kit.dir / "dynamo_down.sh")],
-            env=env, capture_output=True, timeout=STOP_TIMEOUT_S, check=False,
-        )  # fmt: skip
-        up = subprocess.run(
-            ["bash", str(kit.dir / "dynamo_up.sh")],
-            env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S, check=False,
-        )  # fmt: skip
-        if up.returncode:
-            raise RuntimeError(f"dynamo_up.sh exited {up.returncode}: {up.stderr[-1500:]}")
+    with kit_running(kit, env):
         urls = [f"http://127.0.0.1:{http_port + i}" for i in range(scenario.gateways)]
         yield Stack(
             urls=urls, pids=pid_files(run_dir), queue_urls=[f"{url}/metrics" for url in urls]

@@ -144,6 +144,26 @@ class Client:
 
 
 @contextlib.contextmanager
+def kit_running(kit: Kit, env: dict[str, str]) -> Iterator[None]:
+    """The kit's ``dynamo_up.sh`` with ``env`` (raises with its stderr's tail if it fails);
+    ``dynamo_down.sh`` after, which stops exactly the PIDs ``up`` wrote (also after a failed,
+    half-done ``up``)."""
+    try:
+        _run_checked(
+            ["bash", str(kit.dir / "dynamo_up.sh")], "dynamo_up.sh", START_TIMEOUT_S, env=env
+        )
+        yield
+    finally:
+        subprocess.run(
+            ["bash", str(kit.dir / "dynamo_down.sh")],
+            env=env,
+            capture_output=True,
+            timeout=STOP_TIMEOUT_S,
+            check=False,
+        )
+
+
+@contextlib.contextmanager
 def dynamo_up(kit: Kit, work: Path, model_name: str) -> Iterator[Running]:
     """The kit's ``dynamo_up.sh`` on free ports and a private run dir; ``dynamo_down.sh`` after
     (it stops exactly the PIDs ``up`` wrote)."""
@@ -155,19 +175,8 @@ def dynamo_up(kit: Kit, work: Path, model_name: str) -> Iterator[Running]:
         "NUM_WORKERS": "2",
         "SPEEDUP": "1000000",
     }
-    try:
-        _run_checked(
-            ["bash", str(kit.dir / "dynamo_up.sh")], "dynamo_up.sh", START_TIMEOUT_S, env=env
-        )
+    with kit_running(kit, env):
         yield Running(url=f"http://127.0.0.1:{http_port}", pid_dir=run_dir)
-    finally:
-        subprocess.run(
-            ["bash", str(kit.dir / "dynamo_down.sh")],
-            env=env,
-            capture_output=True,
-            timeout=STOP_TIMEOUT_S,
-            check=False,
-        )
 
 
 def jetserve_argv(
