@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import msgspec
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from shared import codec
 from shared.messages import BusyThresholdsChanged
-from shared.registry.jetstream import open_kv, retry_transient
+from shared.registry.jetstream import bucket_entries, open_kv, retry_transient
 from shared.subjects import Subjects, busy_thresholds_key
 
 
@@ -41,12 +41,12 @@ async def store(
 async def stored(js: JetStreamContext, subjects: Subjects) -> list[BusyThresholdsChanged]:
     """Every model's entry, each with its revision (none yet, or no bucket yet: empty)."""
     try:
-        kv = await retry_transient(
-            lambda: js.key_value(subjects.busy_thresholds_bucket), "busy_thresholds"
+        entries = await retry_transient(
+            lambda: bucket_entries(js, subjects.busy_thresholds_bucket), "busy_thresholds"
         )
     except BucketNotFoundError:
         return []
-    return [m for m in [await _entry(kv, key) for key in await _keys(kv)] if m is not None]
+    return [m for m in map(_decoded, entries) if m is not None]
 
 
 async def stored_for(
@@ -60,18 +60,15 @@ async def stored_for(
     return await _entry(kv, busy_thresholds_key(model))
 
 
-async def _keys(kv: KeyValue) -> list[str]:
-    try:
-        return list(await kv.keys())
-    except NoKeysError:
-        return []
-
-
 async def _entry(kv: KeyValue, key: str) -> BusyThresholdsChanged | None:
     try:
         entry = await kv.get(key)
     except KeyNotFoundError:
         return None
+    return _decoded(entry)
+
+
+def _decoded(entry: KeyValue.Entry) -> BusyThresholdsChanged | None:
     if entry.value is None or entry.revision is None:
         return None
     try:

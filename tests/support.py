@@ -1,5 +1,6 @@
-"""Test helpers: a real nats-server and free ports (integration and e2e tiers), and waiting for
-a condition with a deadline and a message (``eventually``, any tier).
+"""Test helpers: a real nats-server and free ports (integration and e2e tiers), the worker cards a
+namespace's registry holds, and waiting for a condition with a deadline and a message
+(``eventually``, any tier).
 
 Ports and the ``nats-server`` binary and command line come from ``services.cli.stack`` (written
 once, for ``jetserve up`` and the tests alike).
@@ -16,7 +17,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+from nats.js.client import JetStreamContext
+from nats.js.errors import BucketNotFoundError
+
 from services.cli.stack import free_port, nats_server_binary, nats_server_command, wait_for_port
+from shared import codec
+from shared.messages import WorkerCard
+from shared.registry.jetstream import bucket_entries
+from shared.subjects import Subjects
 
 T = TypeVar("T")
 
@@ -28,6 +36,7 @@ __all__ = [
     "in_ci",
     "nats_server",
     "nats_server_binary",
+    "registered_cards",
     "wait_for_port",
 ]
 
@@ -56,6 +65,17 @@ def nats_server(
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+async def registered_cards(js: JetStreamContext, namespace: str) -> list[WorkerCard]:
+    """The worker cards in ``namespace``'s registry bucket now (none yet, or no bucket yet:
+    empty). Read with ``bucket_entries``, never ``KeyValue.keys()``, which can list none of a
+    full bucket's keys."""
+    try:
+        entries = await bucket_entries(js, Subjects(namespace).workers_bucket)
+    except BucketNotFoundError:
+        return []
+    return [codec.decode(e.value, WorkerCard) for e in entries if e.value]
 
 
 def in_ci() -> bool:

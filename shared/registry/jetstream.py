@@ -1,5 +1,5 @@
-"""JetStream helpers: race-safe bucket and object-store creation at a replica count, bounded object
-reads, digests."""
+"""JetStream helpers: race-safe bucket and object-store creation at a replica count, a race-free
+listing of a bucket's entries, bounded object reads, digests."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from typing import TypeVar
 import nats.errors
 import structlog
 from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
-from nats.js.client import KV_STREAM_TEMPLATE, JetStreamContext
+from nats.js.client import KV_PRE_TEMPLATE, KV_STREAM_TEMPLATE, JetStreamContext
 from nats.js.errors import (
     APIError,
     BadRequestError,
     BucketNotFoundError,
+    KeyDeletedError,
+    KeyNotFoundError,
     NotFoundError,
     ObjectNotFoundError,
     ServiceUnavailableError,
@@ -108,6 +110,32 @@ async def _open_kv(js: JetStreamContext, bucket: str, ttl_s: float, replicas: in
             return kv
     await ensure_replicas(js, KV_STREAM_TEMPLATE.format(bucket=bucket), replicas)
     return kv
+
+
+async def bucket_entries(js: JetStreamContext, bucket: str) -> list[KeyValue.Entry]:
+    """Every live entry of KV ``bucket`` (none when it holds none; ``BucketNotFoundError`` when
+    there is no such bucket), in key order.
+
+    Not ``KeyValue.keys()``: nats-py marks the end of its listing when the consumer it creates
+    reports nothing pending, which the server says once it has *sent* the entries, before the
+    client has read them; a busy client then lists none of them and gets ``NoKeysError`` for a
+    full bucket (a CI run read an empty worker registry this way). The stream's per-subject
+    counts are one answer from the server's own state; each key's last entry is then read, and a
+    key whose last entry deletes it is left out."""
+    stream = KV_STREAM_TEMPLATE.format(bucket=bucket)
+    prefix = KV_PRE_TEMPLATE.format(bucket=bucket)
+    try:
+        info = await js.stream_info(stream, subjects_filter=f"{prefix}>")
+    except NotFoundError as exc:
+        raise BucketNotFoundError from exc
+    kv = await js.key_value(bucket)
+    entries = []
+    for subject in sorted(info.state.subjects or {}):
+        try:
+            entries.append(await kv.get(subject.removeprefix(prefix)))
+        except (KeyDeletedError, KeyNotFoundError):  # deleted or purged since, or expired
+            continue
+    return entries
 
 
 async def open_object_store(js: JetStreamContext, name: str, *, replicas: int = 1) -> ObjectStore:

@@ -18,8 +18,7 @@ from services.cli.secure import TAP_USER
 from services.cli.stack import Stack, StackConfig, StackError
 from shared.bus_permissions import inbox_prefix
 from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
-from shared.subjects import Subjects
-from tests.support import eventually, eventually_awaited, nats_server_binary
+from tests.support import eventually, eventually_awaited, nats_server_binary, registered_cards
 
 MODEL = DEFAULT_MODEL_NAME
 TENSOR_MODEL = "echo"
@@ -82,13 +81,10 @@ async def _wait_for_workers(stack: Stack, count: int, timeout_s: float) -> None:
     keys = {"nkeys_seed": str(seed), "inbox_prefix": inbox_prefix("tap")} if seed else {}
     nc = await nats.connect(stack.nats_url, **keys)
     try:
-        bucket = Subjects(stack.config.namespace).workers_bucket
 
         async def registered() -> bool:
-            with contextlib.suppress(Exception):  # the bucket may not exist yet
-                kv = await nc.jetstream().key_value(bucket)
-                return len(await kv.keys()) >= count
-            return False
+            cards = await registered_cards(nc.jetstream(), stack.config.namespace)
+            return len(cards) >= count
 
         await eventually_awaited(
             registered,

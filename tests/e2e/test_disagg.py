@@ -29,7 +29,7 @@ from shared import codec
 from shared.messages import Generate, RouteDecision, WorkerCard
 from shared.subjects import Subjects
 from tests.e2e.conftest import MODEL, _wait_for_workers, start_stack
-from tests.support import eventually_async, eventually_awaited
+from tests.support import eventually_async, eventually_awaited, registered_cards
 
 pytestmark = pytest.mark.e2e
 
@@ -89,21 +89,13 @@ async def client(pd_stack: Stack) -> AsyncIterator[openai.AsyncOpenAI]:
 
 
 async def _cards(stack: Stack) -> dict[str, WorkerCard]:
-    """The registry's worker cards (read again for a while if the bucket answers no keys: a
-    listing can miss cards that are being refreshed)."""
+    """The registry's worker cards (read again for a while until there is one)."""
     nc = await nats.connect(stack.nats_url)
     try:
-        kv = await nc.jetstream().key_value(Subjects(stack.config.namespace).workers_bucket)
 
         async def listed() -> dict[str, WorkerCard]:
-            cards: dict[str, WorkerCard] = {}
-            with contextlib.suppress(nats.js.errors.NoKeysError):
-                for key in await kv.keys():
-                    entry = await kv.get(key)
-                    if entry.value:
-                        card = codec.decode(entry.value, WorkerCard)
-                        cards[card.worker_id] = card
-            return cards
+            cards = await registered_cards(nc.jetstream(), stack.config.namespace)
+            return {card.worker_id: card for card in cards}
 
         return await eventually_awaited(
             listed, timeout_s=5, interval_s=0.1, message="no worker card in the registry"

@@ -26,14 +26,12 @@ import pytest
 from services.cli.secure import TAP_USER
 from services.cli.stack import free_ports
 from services.media.config import DEFAULT_IMAGE_MODEL, DEFAULT_VIDEO_MODEL
-from shared import codec
 from shared.bus_permissions import inbox_prefix
 from shared.kserve import grpc_service_pb2 as pb
 from shared.kserve import grpc_service_pb2_grpc as pb_grpc
 from shared.messages import WorkerCard
-from shared.subjects import Subjects
 from tests.e2e.conftest import MODEL, TENSOR_MODEL
-from tests.support import eventually, eventually_awaited, nats_server
+from tests.support import eventually, eventually_awaited, nats_server, registered_cards
 from tests.unit.test_media_png import decode
 
 API_KEY = "sesame"
@@ -260,14 +258,9 @@ async def _worker_cards(
     keys = {"nkeys_seed": seed, "inbox_prefix": inbox_prefix("tap")} if seed else {}
     nc = await nats.connect(nats_url, allow_reconnect=False, **keys)
     try:
-        kv = await nc.jetstream().key_value(Subjects(namespace).workers_bucket)
 
         async def listed() -> list[WorkerCard] | None:
-            cards = []
-            for key in await kv.keys():
-                entry = await kv.get(key)
-                if entry.value:
-                    cards.append(codec.decode(entry.value, WorkerCard))
+            cards = await registered_cards(nc.jetstream(), namespace)
             return cards if len(cards) >= at_least else None
 
         return await eventually_awaited(

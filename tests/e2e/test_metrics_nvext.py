@@ -14,10 +14,8 @@ import openai
 import pytest
 
 from services.cli.stack import Stack, free_port
-from shared import codec
-from shared.messages import WorkerCard
-from shared.subjects import Subjects
 from tests.e2e.conftest import MODEL, start_stack
+from tests.support import registered_cards
 
 CHAT = [{"role": "user", "content": "Tell me about the sea."}]
 ECHO_WORKER = {"nvext": {"extra_fields": ["worker_id"]}}
@@ -97,9 +95,8 @@ async def _live_workers(stack: Stack) -> list[str]:
     """Worker ids from the registry bucket (whatever the router mode)."""
     nc = await nats.connect(stack.nats_url)
     try:
-        kv = await nc.jetstream().key_value(Subjects(stack.config.namespace).workers_bucket)
-        cards = [await kv.get(key) for key in await kv.keys()]
-        return sorted(codec.decode(c.value, WorkerCard).worker_id for c in cards if c.value)
+        cards = await registered_cards(nc.jetstream(), stack.config.namespace)
+        return sorted(c.worker_id for c in cards)
     finally:
         await nc.close()
 

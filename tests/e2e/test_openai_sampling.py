@@ -18,10 +18,8 @@ from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, Field
 
 from services.cli.stack import Stack
-from shared import codec
-from shared.messages import WorkerCard
-from shared.subjects import Subjects
 from tests.e2e.conftest import MODEL
+from tests.support import registered_cards
 
 CHAT: list[Any] = [{"role": "user", "content": "Tell me about the sea."}]
 PROMPT = "Once upon a time"
@@ -512,9 +510,8 @@ async def live_workers(stack: Stack) -> list[str]:
     """Worker ids from the registry bucket."""
     nc = await nats.connect(stack.nats_url)
     try:
-        kv = await nc.jetstream().key_value(Subjects(stack.config.namespace).workers_bucket)
-        cards = [await kv.get(key) for key in await kv.keys()]
-        return sorted(codec.decode(c.value, WorkerCard).worker_id for c in cards if c.value)
+        cards = await registered_cards(nc.jetstream(), stack.config.namespace)
+        return sorted(c.worker_id for c in cards)
     finally:
         await nc.close()
 

@@ -30,7 +30,7 @@ from shared.messages import RouteDecision
 from shared.model_dir import DEFAULT_MODEL_NAME
 from shared.subjects import Subjects
 from tests.e2e.conftest import running_stack
-from tests.support import eventually_async, eventually_awaited
+from tests.support import eventually_async, eventually_awaited, registered_cards
 
 MODEL = DEFAULT_MODEL_NAME
 DEADLINE_S = 20.0
@@ -152,10 +152,8 @@ async def _chat(http: httpx.AsyncClient, content: str, *, max_tokens: int, strea
 
 
 async def _wait_for_workers(nc: Client, subjects: Subjects, count: int) -> None:
-    kv = await nc.jetstream().key_value(subjects.workers_bucket)
-
     async def registered() -> bool:
-        return len(await kv.keys()) >= count
+        return len(await registered_cards(nc.jetstream(), subjects.namespace)) >= count
 
     await eventually_awaited(
         registered,

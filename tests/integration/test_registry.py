@@ -8,7 +8,9 @@ from pathlib import Path
 
 import msgspec
 import structlog
+import pytest
 from nats.aio.client import Client
+from nats.js.errors import BucketNotFoundError
 
 from shared.messages import ModelCard
 from shared.registry import (
@@ -19,6 +21,7 @@ from shared.registry import (
     publish_model,
     upload_lease_key,
 )
+from shared.registry.jetstream import bucket_entries
 from shared.subjects import Subjects
 
 
@@ -38,6 +41,25 @@ async def test_concurrent_creators_share_one_object_store(nc: Client, subjects: 
     stores = await asyncio.gather(*(open_object_store(js, subjects.models_store) for _ in range(8)))
     await stores[0].put("f", b"data")
     assert [(await s.get("f")).data for s in stores] == [b"data"] * 8
+
+
+async def test_a_buckets_listing_holds_its_live_entries_only(
+    nc: Client, subjects: Subjects
+) -> None:
+    """``bucket_entries``: no bucket is an error, an empty one lists nothing, and a key deleted
+    or purged is left out (its marker is still a subject of the stream)."""
+    js = nc.jetstream()
+    with pytest.raises(BucketNotFoundError):
+        await bucket_entries(js, subjects.workers_bucket)
+    kv = await open_kv(js, subjects.workers_bucket, ttl_s=0)
+    assert await bucket_entries(js, subjects.workers_bucket) == []
+    for key in ("c", "a", "gone", "b", "purged"):
+        await kv.put(key, key.encode())
+    await kv.put("a", b"a2")
+    await kv.delete("gone")
+    await kv.purge("purged")
+    listed = await bucket_entries(js, subjects.workers_bucket)
+    assert [(e.key, e.value) for e in listed] == [("a", b"a2"), ("b", b"b"), ("c", b"c")]
 
 
 def _tiny_model(tmp_path: Path) -> Path:
