@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-engines test-vllm bench-gpu _test-all test-unit test-integration test-e2e test-chaos test-compose test-containers images-local up down lint fmt typecheck proto bench bench-c1 bench-hops bench-ab bench-gateway bench-burst bench-routing bench-disagg bench-chaos config-doc clean
+.PHONY: help install run test test-engines test-vllm bench-gpu _test-all test-unit test-integration test-e2e test-chaos test-compose test-containers images-local up down lint fmt typecheck proto bench bench-c1 bench-hops bench-ab bench-gateway bench-burst bench-routing bench-disagg bench-lora bench-chaos config-doc clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-18s %s\n",$$1,$$2}'
@@ -129,6 +129,9 @@ bench-routing: $(STAMP) ## router benchmark: decision latency + events/s (a), sh
 
 bench-disagg: $(STAMP) ## 4 aggregated vs 2 prefill + 2 decode mockers (speedup 1, 4-8k-token prompts, c=16/64), JetServe vs Dynamo alternated, --rounds 2 (~15 min; --quick); JSON + plots in .bench/
 	$(PY) -m bench.disagg --out $(BENCH_OUT)-disagg.jsonl $(ARGS)
+
+bench-lora: $(STAMP) ## LoRA placement vs static holders: 4 mockers (max-loras 2), 8 adapters, Zipf demand, alternated, --rounds 2 (~2 min; --quick); tok/s + TTFT p99 table, JSON in .bench/
+	$(PY) -m bench.lora --out $(BENCH_OUT)-lora.json $(ARGS)
 
 bench-fairness: $(STAMP) ## fairness across router replicas: premium:regular 4:1, saturated mockers, 1 router vs 2 with skewed ingress (+ JetServe as 2 sites on 2 NATS nodes), JetServe vs Dynamo alternated, --rounds 2 (~15 min; --quick ~3 min); JSON in .bench/
 	$(PY) -m bench.fairness --out $(BENCH_OUT)-fairness.jsonl $(ARGS)

@@ -33,6 +33,8 @@ from shared.messages import (
     KvDumpRequest,
     KvEventBatch,
     KvRelease,
+    LoadLoraAdapter,
+    LoraAdapterAnswer,
     MediaGenerate,
     MediaResult,
     Migrated,
@@ -54,6 +56,7 @@ from shared.messages import (
     TensorResult,
     TokenBatch,
     TokenCount,
+    UnloadLoraAdapter,
     WorkerCard,
     WorkerLoad,
     WorkerLost,
@@ -165,6 +168,13 @@ SESSION_BINDING = Opaque(
     "the key is shared.sessions.session_key(model, session id).",
     content_type="application/msgpack",
 )
+STORED_TURN = Opaque(
+    "StoredTurn",
+    "JSON StoredTurn of services/gateway/apis/stored_turns.py: id, input (the turn's input "
+    "items), response (as the client got it), ancestors (the stored turns before it), or "
+    "omitted_bytes for a record over the limit.",
+    content_type="application/json",
+)
 
 SERVICES: dict[str, str] = {
     "gateway": "HTTP (OpenAI, Anthropic) and gRPC (KServe v2) front end.",
@@ -193,6 +203,7 @@ PARAMETERS: dict[str, str] = {
     "store API (`nats object get`), not by subscribing.",
     "lease_key": "sha256 of `<object name>\\n<content digest>`.",
     "session_key": "sha256 of `<model>\\0<session id>` (hex, 40 characters).",
+    "response_id": "A stored Responses turn's id (`resp_` and 32 hex digits).",
     "key": "The lease key (`snapshot-writer`).",
     "model_key": "A model's name in unpadded base64url (`shared.subjects.busy_thresholds_key`).",
 }
@@ -509,6 +520,19 @@ CHANNELS: tuple[Channel, ...] = (
         reply=Reply((KvDump,)),
     ),
     Channel(
+        name="worker_lora",
+        subject=Subjects.worker_lora,
+        summary="Hold or drop a LoRA adapter (vLLM's load/unload_lora_adapter): the gateway's "
+        "admin endpoints and the router replica that places adapters (decision 031).",
+        messages=(LoadLoraAdapter, UnloadLoraAdapter),
+        publishers=(
+            Pub("gateway", note="`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`"),
+            Pub("router", note="the placement lease holder only"),
+        ),
+        subscribers=(Sub("mocker"),),
+        reply=Reply((LoraAdapterAnswer,)),
+    ),
+    Channel(
         name="load",
         subject=Subjects.load,
         summary="A worker's load, on change (rate-limited).",
@@ -726,6 +750,20 @@ CHANNELS: tuple[Channel, ...] = (
         "restarted) at most every quarter TTL.",
         transport="kv",
         key="session_key",
+    ),
+    Channel(
+        name="stored_turns",
+        subject=Subjects.stored_turns_bucket,
+        summary="Stored Responses turns (`store`, `previous_response_id`, `GET`/`DELETE "
+        "/v1/responses/{id}`): any gateway replica continues any conversation.",
+        messages=(STORED_TURN,),
+        publishers=(Pub("gateway"),),
+        subscribers=(Sub("gateway", note="reads a turn and the turns before it"),),
+        description="A KV bucket keyed by response id, max age `--responses-store-ttl-s`, at "
+        "most `--responses-store-max-bytes` (the oldest records go first when full); a record "
+        "over `--responses-max-stored-bytes` is kept as a marker saying so (decision 030).",
+        transport="kv",
+        key="response_id",
     ),
 )
 

@@ -98,6 +98,9 @@ class Setting:
     """Other env var names read quietly when ``env`` is unset (``NATS_URL``, a common standard)."""
     secret: bool = False
     """Never shown: a dump (``--dump-config-to``) says ``<redacted>`` when it is set."""
+    many: bool = False
+    """A ``str`` setting whose flag takes one or more arguments (vLLM's ``--lora-modules a=x
+    b=y``), joined into one value with newlines; the env var holds them joined likewise."""
 
     # -- parsing --------------------------------------------------------------------------------
 
@@ -176,6 +179,11 @@ class Setting:
         metavar = "{" + ",".join(str(c) for c in self.choices) + "}" if self.choices else None
         if metavar is None:
             metavar = "SECONDS" if self.name.endswith("_s") else self.name.upper()
+        if self.many:
+            parser.add_argument(
+                flag, nargs="+", action=_JoinArgs, metavar=metavar, help=text, **common
+            )
+            return
         parser.add_argument(
             flag, type=self._argparse_type(flag), metavar=metavar, help=text, **common
         )
@@ -412,6 +420,7 @@ def setting(
     also_env: Sequence[str] = (),
     default_doc: str | None = None,
     secret: bool = False,
+    many: bool = False,
 ) -> T:
     """A dataclass field that is a setting; ``default`` is its default (one place)."""
     meta = Setting(
@@ -429,9 +438,27 @@ def setting(
         also_env=tuple(also_env),
         default_doc=default_doc,
         secret=secret,
+        many=many,
     )
     result: T = field(default=default, metadata={_META_KEY: meta})
     return result
+
+
+class _JoinArgs(argparse.Action):
+    """A ``many`` setting's arguments as one value, one per line (a repeated flag adds more)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        given = [values] if isinstance(values, str) else [str(v) for v in values or ()]
+        before = getattr(namespace, self.dest, None)
+        if isinstance(before, str) and before:
+            given.insert(0, before)
+        setattr(namespace, self.dest, "\n".join(given))
 
 
 def computed_setting(

@@ -7,13 +7,18 @@ the *local* seed exactly as Dynamo 1.6.1 does (``compute_block_hash_for_seq(toke
 lora_name=..., cache_namespace=...)``): ``1337 + xxh3(lora, seed 0) + xxh3(salt, seed 1)``,
 wrapping at 2**64, empty strings counting as absent. The chain seed stays 1337 (Dynamo's
 ``compute_next_sequence_hash``); a salted first block already separates the whole chain.
+
+Images (decision 032): a block holding any of an image's placeholder tokens hashes its tokens
+followed by the sorted LE u64 routing hashes of those images, as Dynamo's
+``compute_block_hash_for_seq`` does with ``block_mm_infos``; so the same image at the same
+place matches and another image of the same size does not.
 """
 
 from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import xxhash
 
@@ -21,6 +26,9 @@ SEED = 1337
 _MASK = (1 << 64) - 1
 _PAIR = struct.Struct("<QQ")
 _xxh3 = xxhash.xxh3_64_intdigest
+
+MmSpan = tuple[int, int, int]
+"""An image's placeholder tokens in a prompt: ``(offset, length, routing hash)``."""
 
 
 def salted_seed(*, lora_name: str | None = None, cache_salt: str | None = None) -> int:
@@ -46,17 +54,42 @@ def _le_u32(tokens: Sequence[int]) -> memoryview:
     return memoryview(packed).cast("B")
 
 
-def block_hash(tokens: Sequence[int], seed: int = SEED) -> int:
-    """Local hash of one block of token ids."""
-    return _xxh3(_le_u32(tokens), seed=seed)
+def block_hash(tokens: Sequence[int], seed: int = SEED, mm: Sequence[int] = ()) -> int:
+    """Local hash of one block of token ids (and of the images ``mm`` with tokens in it)."""
+    if not mm:
+        return _xxh3(_le_u32(tokens), seed=seed)
+    extra = struct.pack(f"<{len(mm)}Q", *sorted(mm))
+    return _xxh3(_le_u32(tokens).tobytes() + extra, seed=seed)
 
 
-def local_block_hashes(tokens: Sequence[int], block_size: int, seed: int = SEED) -> list[int]:
-    """Local hashes of every full block of ``tokens`` (a trailing partial block is ignored)."""
+def block_images(images: Sequence[MmSpan], block_size: int) -> dict[int, tuple[int, ...]]:
+    """Block index -> the routing hashes of the images with a placeholder token in it."""
+    out: dict[int, list[int]] = {}
+    for offset, length, mm_hash in images:
+        if length <= 0:
+            continue
+        for block in range(offset // block_size, (offset + length - 1) // block_size + 1):
+            out.setdefault(block, []).append(mm_hash)
+    return {block: tuple(hashes) for block, hashes in out.items()}
+
+
+def local_block_hashes(
+    tokens: Sequence[int],
+    block_size: int,
+    seed: int = SEED,
+    mm: Mapping[int, Sequence[int]] | None = None,
+) -> list[int]:
+    """Local hashes of every full block of ``tokens`` (a trailing partial block is ignored);
+    ``mm``: ``block_images`` of the prompt's images."""
     data = _le_u32(tokens)
     step = block_size * 4
     full = (len(tokens) // block_size) * step
-    return [_xxh3(data[i : i + step], seed) for i in range(0, full, step)]
+    out = [_xxh3(data[i : i + step], seed) for i in range(0, full, step)]
+    for block, hashes in (mm or {}).items():
+        if 0 <= block < len(out):
+            start = block * block_size
+            out[block] = block_hash(tokens[start : start + block_size], seed, hashes)
+    return out
 
 
 def sequence_hashes(local_hashes: Sequence[int], seed: int = SEED) -> list[int]:
@@ -86,13 +119,15 @@ def prefix_hashes(
     *,
     lora_name: str | None = None,
     cache_salt: str | None = None,
+    images: Sequence[MmSpan] = (),
 ) -> list[int]:
     """Sequence hashes of every full block of a prompt, salted as Dynamo salts them.
 
     This is what a worker publishes in ``BlockStored.block_hashes`` and what the router looks up.
     """
     seed = salted_seed(lora_name=lora_name, cache_salt=cache_salt)
-    return sequence_hashes(local_block_hashes(tokens, block_size, seed))
+    mm = block_images(images, block_size) if images else None
+    return sequence_hashes(local_block_hashes(tokens, block_size, seed, mm))
 
 
 def extend_prefix_hashes(
@@ -102,6 +137,7 @@ def extend_prefix_hashes(
     *,
     lora_name: str | None = None,
     cache_salt: str | None = None,
+    images: Sequence[MmSpan] = (),
 ) -> Sequence[int]:
     """``prefix_hashes(tokens, ...)``, given ``known``: those of a prefix of ``tokens`` (the
     preprocessor's, same block size and salt), so only the full blocks past it are hashed.
@@ -116,8 +152,11 @@ def extend_prefix_hashes(
     if have == full:
         return known
     if have == 0 or have > full:
-        return prefix_hashes(tokens, block_size, lora_name=lora_name, cache_salt=cache_salt)
+        return prefix_hashes(
+            tokens, block_size, lora_name=lora_name, cache_salt=cache_salt, images=images
+        )
     seed = salted_seed(lora_name=lora_name, cache_salt=cache_salt)
-    tail = local_block_hashes(tokens[have * block_size :], block_size, seed)
+    mm = {b - have: h for b, h in block_images(images, block_size).items() if b >= have}
+    tail = local_block_hashes(tokens[have * block_size :], block_size, seed, mm)
     chained = sequence_hashes([known[-1], *tail])  # the first is already a sequence hash
     return [*known, *chained[1:]]

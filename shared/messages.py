@@ -64,7 +64,8 @@ class Guided(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The prompt already opened the reasoning block (the template wrote ``<think>``): the
     output starts inside it."""
     reasoning_syntax: str = ""
-    """The model's reasoning syntax, named as its reasoning parser (``qwen3``, ``deepseek_r1``)."""
+    """The model's reasoning syntax, named as its reasoning parser (``qwen3``, ``deepseek_r1``);
+    empty when the model will not reason (no parser, or thinking turned off)."""
     max_thinking_tokens: int | None = None
     """``nvext.max_thinking_tokens``: at most this many tokens inside the reasoning block."""
 
@@ -131,6 +132,10 @@ class OutputOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     legacy_functions: bool = False
     """The chat request sent the deprecated ``functions``: a tool call is answered as OpenAI
     answers those, ``function_call`` (one call) and ``finish_reason: "function_call"``."""
+    parallel_tool_calls: bool = True
+    """``False`` (``parallel_tool_calls: false``, Anthropic ``disable_parallel_tool_use``): only
+    the first tool call of a choice is answered, as vLLM's ``maybe_filter_parallel_tool_calls``
+    (whatever the engine wrote; decision 028)."""
     response_fields: dict[str, Any] | None = None
     """``format="responses"``: the request parameters the ``response`` object repeats
     (``instructions``, ``tools``, ``temperature``…)."""
@@ -251,6 +256,9 @@ class StreamOpen(Message, frozen=True):
     """How many times the formatter may route this request again after its worker is lost."""
     migration_max_seq_len: int = 0
     """No migration once prompt + generated tokens exceed this (0 = no such limit)."""
+    base_model: str = ""
+    """The model whose tokenizer decodes this request, when ``model`` (what answers name) is a
+    LoRA adapter's id (decision 031); empty: ``model``."""
 
 
 class StreamOpened(Message, frozen=True):
@@ -260,6 +268,22 @@ class StreamOpened(Message, frozen=True):
     formatter_id: str = ""
     """The answering instance; it also takes ``StreamOpen`` on ``formatter_open_direct(id)``
     without replying (empty from formatters that predate decision 013)."""
+
+
+class ImageInput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One image of a prompt (decision 032): where its placeholder tokens are and its bytes."""
+
+    mm_hash: str
+    """sha256 of the image file's bytes, 64 hex digits: its identity in block hashes (the first
+    16 digits as a u64, Dynamo's mapping of vLLM's hex ids) and vLLM's ``multi_modal_uuids``."""
+    offset: int
+    """Index in ``token_ids`` of the first of its placeholder (``<|image_pad|>``) tokens."""
+    length: int
+    """How many placeholder tokens it has (the model family's rule for its size)."""
+    width: int
+    height: int
+    data: bytes = b""
+    """The image file (PNG, JPEG, GIF or WebP) for engines that need its pixels (vLLM)."""
 
 
 class Generate(Message, frozen=True, omit_defaults=True):
@@ -296,6 +320,10 @@ class Generate(Message, frozen=True, omit_defaults=True):
     kv_transfer: KvTransfer | None = None
     """Disaggregated serving, decode phase (router -> decode worker): where to pull the prompt's
     KV from. The decode worker pulls what it does not hold, then decodes and streams."""
+    images: tuple[ImageInput, ...] = ()
+    """The prompt's images, in prompt order (decision 032): their placeholder tokens are in
+    ``token_ids`` already, expanded to each image's token count; their hashes are folded into
+    the hashes of the blocks that hold those tokens."""
 
 
 class KvTransfer(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -545,6 +573,15 @@ GatewayEvent = ResponseChunk | RequestFailed | TensorResult
 # --- durable records (JetStream KV / object store), not request-path messages ------------------
 
 
+class LoraAdapter(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One LoRA adapter a worker holds: the model id clients name, its weights, its base."""
+
+    name: str
+    path: str
+    parent: str = ""
+    """The base model (``/v1/models``' ``parent``); empty: the worker's own model."""
+
+
 class WorkerCard(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A live worker, as stored in the workers KV bucket under its ``worker_id``."""
 
@@ -566,6 +603,12 @@ class WorkerCard(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     each with its own KV cache and load."""
     started_at: float = 0.0
     heartbeat_at: float = 0.0
+    loras: tuple[LoraAdapter, ...] = ()
+    """The LoRA adapters this worker holds (``--lora-modules``, or loaded at run time on
+    ``worker_lora``): requests naming one may be routed here (decision 031)."""
+    max_loras: int = 0
+    """Adapters the engine keeps loaded at once (vLLM's ``--max-loras``); it swaps the others
+    in on demand, least recently used out. 0: the engine serves no adapters."""
 
 
 class ModelCard(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -590,6 +633,24 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     kv_block_size: int = 0
     """Tokens per KV block of the model's workers (the first worker to register tells): the
     preprocessor hashes each prompt's blocks at this size for the router (0: it does not)."""
+    vision: VisionSpec | None = None
+    """The model takes images (decision 032): how many placeholder tokens one makes. ``None``:
+    text only (an image part is a 400)."""
+
+
+class VisionSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A vision-language model's image rule, Qwen2-VL style (its ``preprocessor_config.json``):
+    an image is resized to multiples of ``patch_size * merge_size`` pixels within
+    ``min_pixels``..``max_pixels`` and makes one token per merged patch."""
+
+    image_token_id: int
+    """The placeholder token the chat template renders once per image (``<|image_pad|>``)."""
+    patch_size: int = 14
+    merge_size: int = 2
+    min_pixels: int = 3136
+    """Qwen2.5-VL's published ``preprocessor_config.json`` values (56 x 56 ...)."""
+    max_pixels: int = 12845056
+    """... and 28 x 28 x 16384."""
 
 
 class TensorSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -786,6 +847,53 @@ class RouteDecision(Message, frozen=True, omit_defaults=True):
     output_blocks: int = 0
     """``ceil(agent_hints.osl / block size)``: the KV blocks its expected output will take,
     counted in its decode target's load from the start (Dynamo's expected output tokens)."""
+    lora_name: str = ""
+    """The LoRA adapter the request names (empty: the base model): every replica counts each
+    adapter's requests in flight, which adapter placement reads (decision 031)."""
+
+
+# --- LoRA adapters at run time (issue 27, decision 031) -----------------------------------------
+
+
+class LoadLoraAdapter(Message, frozen=True):
+    """Gateway or router -> one worker (request/reply on ``<ns>.v1.worker.<id>.lora``): hold
+    this adapter (vLLM's ``/v1/load_lora_adapter`` body). Idempotent: an adapter already held
+    under the same path is answered ``changed=False``. ``request_id`` names the command."""
+
+    lora_name: str
+    lora_path: str
+    requested_by: str = ""
+    """Who asked (a gateway, or the router replica placing adapters), for the worker's log."""
+
+
+class UnloadLoraAdapter(Message, frozen=True):
+    """Gateway or router -> one worker: stop holding this adapter (vLLM's
+    ``/v1/unload_lora_adapter``). Requests already running on it finish; an adapter not held is
+    answered ``changed=False`` (``found=False``)."""
+
+    lora_name: str
+    requested_by: str = ""
+
+
+class LoraAdapterAnswer(Message, frozen=True, omit_defaults=True):
+    """Worker -> the asker: what a ``LoadLoraAdapter`` / ``UnloadLoraAdapter`` did."""
+
+    worker_id: str
+    ok: bool = True
+    changed: bool = False
+    """The worker's adapters changed (its card is updated before this answer)."""
+    found: bool = True
+    """Unload: the adapter was held here."""
+    code: str = ""
+    """When not ``ok``: ``invalid_request`` (a bad name or path, another path under the same
+    name), ``not_supported`` (an engine without adapters)."""
+    message: str = ""
+    loras: tuple[str, ...] = ()
+    """The adapters the worker holds after the command."""
+
+
+LoraCommand = LoadLoraAdapter | UnloadLoraAdapter
+"""What a worker's ``lora`` subject carries."""
 
 
 # --- admission (issue 26: the router queue's shared ledger) -------------------------------------

@@ -164,6 +164,11 @@ class Subjects:
         """Router -> one worker, request/reply: a full dump of its cached blocks."""
         return f"{self._p}.worker.{worker_id}.kv_dump"
 
+    def worker_lora(self, worker_id: str) -> str:
+        """Gateway or router -> one worker, request/reply: ``LoadLoraAdapter`` /
+        ``UnloadLoraAdapter`` (answered ``LoraAdapterAnswer``)."""
+        return f"{self._p}.worker.{worker_id}.lora"
+
     def load(self, worker_id: str) -> str:
         return f"{self._p}.load.{worker_id}"
 
@@ -237,6 +242,12 @@ class Subjects:
         """KV bucket of session -> worker bindings (router ``--session-affinity-ttl-s``), kept
         by every router replica, expiring by max age (the session TTL)."""
         return f"{self.namespace}_sessions"
+
+    @property
+    def stored_turns_bucket(self) -> str:
+        """KV bucket of stored Responses turns, keyed by response id (the gateway's
+        ``--responses-store-*`` settings bound it), read by every gateway replica."""
+        return f"{self.namespace}_responses"
 
     @property
     def models_store(self) -> str:

@@ -1,13 +1,16 @@
-"""GPU benchmark of the transformers engine (issue 11): ``HfEngine`` alone, then the whole stack.
+"""GPU benchmark of the transformers engine (issues 11, 27): the engine alone, then the whole stack.
 
 1. Writes a model directory: Qwen3-0.6B's published ``config.json`` values (random weights) or,
    with ``--tiny``, a 2-layer toy, plus the bundled Qwen3 tokenizer files (no network).
-2. Drives ``HfEngine`` in this process (``stream`` per request, no NATS) at each concurrency
-   level: a fixed number of requests, each a distinct prompt of ``--prompt-len`` token ids and
-   exactly ``--max-tokens`` sampled output tokens (``ignore_eos``).
+2. Drives the engine alone: ``HfEngine`` with its core in threads of this process
+   (``own_process=False``: transformers' manager and nothing of JetServe's but the stream
+   wrapper; no NATS, no engine process), ``stream`` per request, at each concurrency level: a
+   fixed number of requests, each a distinct prompt of ``--prompt-len`` token ids and exactly
+   ``--max-tokens`` sampled output tokens (``ignore_eos``).
 3. Starts the whole stack (embedded nats-server, preprocessor, router, formatter, gateway and one
-   ``services.hf_worker`` on the same device) and sends the same workload as streaming
-   ``/v1/completions`` with token-id prompts.
+   ``services.hf_worker``, whose engine runs in its own process, on the same device) and sends
+   the same workload as streaming ``/v1/completions`` with token-id prompts: everything
+   JetServe adds, the engine process's socket included, is in the difference.
 4. Prints output tokens/s and TTFT (p50 / mean) side by side; writes every figure, per request
    too, to ``<out>/results.json`` (``<out>/logs/`` holds the services' logs; the model and
    the JetStream store stay in ``--work-dir``).
@@ -128,6 +131,7 @@ def engine_options(args: argparse.Namespace, model_dir: Path) -> HfEngineOptions
         max_batch_tokens=args.max_batch_tokens,
         max_num_seqs=max(args.levels),
         seed=SEED,
+        own_process=False,
     )
 
 

@@ -16,6 +16,7 @@ from services.cli.secure import TAP_USER
 from services.cli.stack import UP_LINE, Stack, StackConfig, StackError
 from services.cli.top import command as top
 from shared.model_dir import default_model_dir, ensure_default_model_dir
+from shared.vision_model import VISION_MODEL_NAME
 
 UP_EPILOG = """\
 Every setting of a service is a flag here too, prefixed with the service's name: the router's
@@ -68,6 +69,8 @@ def banner(up: UpConfig, stack: Stack) -> str:
         served += f", embedding model {up.embedding_model_name} on {up.embedders} workers"
     if up.media_workers:
         served += f", image and video models on {up.media_workers} media workers"
+    if up.vision_workers:
+        served += f", vision model {VISION_MODEL_NAME} on {up.vision_workers} mocker workers"
     stages = {"preprocessor": up.preprocessors, "router": up.routers, "formatter": up.formatters}
     replicas = "".join(f", {n} {name}s" for name, n in stages.items() if n > 1)
     removed = "" if up.keep_run_dir or not stack.owns_run_dir else " (removed on a clean exit)"

@@ -37,13 +37,14 @@ from shared.config import (
     settings_of,
     write_dump,
 )
+from shared.lora import parse_lora_modules
 from shared.model_dir import DEFAULT_MODEL_NAME
 
 SERVICES = ("gateway", "preprocessor", "router", "formatter", "mocker", "embedder")
 """Every service ``jetserve up`` runs, in request-path order."""
 LAUNCHER_OWNED: dict[str, frozenset[str]] = {
     "gateway": frozenset({"http_host", "http_port", "grpc_port"}),
-    "mocker": frozenset({"model_path", "model_name", "role", "data_parallel_size"}),
+    "mocker": frozenset({"model_path", "model_name", "role", "data_parallel_size", "lora_modules"}),
     "embedder": frozenset({"model_name"}),
 }
 """Service settings that ``jetserve up`` sets from its own flags (not passed through)."""
@@ -153,10 +154,23 @@ class UpConfig:
         "video model on /v1/images/generations and /v1/videos/generations (0 = none)",
         ge=0,
     )
+    vision_workers: int = setting(
+        0,
+        "Mocker workers serving a mock vision-language model (Qwen/Qwen2.5-VL-3B-Instruct: "
+        "the bundled tokenizer, a VL chat template, Qwen2.5-VL's image rule) that reads "
+        "image_url parts (0 = none)",
+        ge=0,
+    )
     model_path: Path | None = setting(
         None, "Local model directory (unset = the bundled Qwen3 tokenizer in the user cache)"
     )
     model_name: str = setting(DEFAULT_MODEL_NAME, "Served model name")
+    lora_modules: str = setting(
+        "",
+        "LoRA adapters every worker holds from the start, vLLM's syntax: name=path or a JSON "
+        '{"name": ..., "path": ..., "base_model_name": ...}, several after one flag',
+        many=True,
+    )
     log_to_terminal: bool = setting(
         False, "Let services log to this terminal instead of files in the run dir"
     )
@@ -181,6 +195,7 @@ class UpConfig:
                 "--workers 0 leaves no worker to serve the model: give --workers N "
                 "(aggregated) or --decode-workers N"
             )
+        parse_lora_modules(self.lora_modules)  # a bad item stops `up` before anything starts
         disaggregated = self.prefill_workers or self.decode_workers
         if self.engine not in DISAGG_ENGINES and (disaggregated or self.data_parallel_size > 1):
             raise ValueError(

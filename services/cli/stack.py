@@ -34,6 +34,7 @@ from services.cli.secure import TAP_USER, new_user, seed_path, write_users
 from shared.bus_permissions import WORKERS
 from shared.metric_names import DEFAULT_PREFIX
 from shared.subjects import Subjects
+from shared.vision_model import VISION_MODEL_NAME, ensure_vision_model_dir, vision_model_dir
 
 STOP_TIMEOUT_S = 15.0
 
@@ -197,10 +198,17 @@ class StackConfig:
     media_workers: int = 0
     """Mock media workers (``services.media``, ``media-<i>``), each serving an image and a video
     model (``/v1/images/generations``, ``/v1/videos/generations``)."""
+    vision_workers: int = 0
+    """Mockers serving the mock vision model (``mocker-vision-<i>``, decision 032), with the
+    workers' extra flags when the engine is the mocker."""
+    vision_model_path: str | None = None
+    """The vision model's directory (``None``: ``shared.vision_model``'s, written on start)."""
     router_mode: str | None = None
     """``None`` = the router's own default (its flag or env var)."""
     model_path: str | None = None
     model_name: str | None = None
+    lora_modules: str = ""
+    """``--lora-modules`` of every worker (vLLM's syntax; empty: none)."""
     mocker_args: str = ""
     """Extra flags for every worker (whatever its engine), one shell-quoted string
     (``service_args`` is the list form)."""
@@ -291,6 +299,8 @@ class Stack:
         self.http_port = cfg.http_port or http_port
         self.grpc_port = cfg.grpc_port or grpc_port
         self.inbox = ReadyInbox()
+        if cfg.vision_workers and not cfg.vision_model_path:
+            cfg.vision_model_path = str(ensure_vision_model_dir(vision_model_dir()))
         plan = self.plan()
         conf = self._write_users(plan) if cfg.secure else None
         if not self.nats_url:
@@ -344,6 +354,8 @@ class Stack:
             mocker_args += ["--model-path", cfg.model_path]
         if cfg.model_name:
             mocker_args += ["--model-name", cfg.model_name]
+        if cfg.lora_modules:
+            mocker_args += ["--lora-modules", cfg.lora_modules]
         for service, count, args in (
             ("preprocessor", cfg.preprocessors, []),
             ("formatter", cfg.formatters, []),
@@ -364,6 +376,17 @@ class Stack:
                 worker, count, [*own, *mocker_args], numbered=True, label=label, first=first
             )
             first += count
+        if cfg.vision_workers:
+            vision_args = shlex.split(cfg.mocker_args) if cfg.engine == "mocker" else []
+            vision_args += ["--model-path", cfg.vision_model_path or "", "--model-name"]
+            plan += self._replicas(
+                "mocker",
+                cfg.vision_workers,
+                [*vision_args, VISION_MODEL_NAME],
+                numbered=True,
+                label="vision",
+                first=first,
+            )
         plan += self._replicas("echo_tensor", cfg.tensor_workers, [], numbered=True)
         embedder_args = (
             ["--model-name", cfg.embedding_model_name] if cfg.embedding_model_name else []
@@ -487,6 +510,7 @@ class Stack:
         llm_workers = cfg.workers + cfg.prefill_workers + cfg.decode_workers
         expected = sum(1 for n in (llm_workers, cfg.embedders, cfg.tensor_workers) if n > 0)
         expected += 2 if cfg.media_workers > 0 else 0  # an image and a video model
+        expected += 1 if cfg.vision_workers > 0 else 0
         while time.monotonic() < deadline:
             self._check_alive()
             waiting = self.not_ready()

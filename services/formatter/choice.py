@@ -131,7 +131,8 @@ def reasoning_parser_for(out: OutputOptions) -> ReasoningParser | None:
 
 
 def tool_parser_for(open_: StreamOpen) -> ToolParser | None:
-    """A new tool parser for one choice (``None``: no tool calls are parsed)."""
+    """A new tool parser for one choice (``None``: no tool calls are parsed); with
+    ``parallel_tool_calls`` false it answers only the first call."""
     name = open_.output.tool_parser
     if not name:
         return None
@@ -143,4 +144,8 @@ def tool_parser_for(open_: StreamOpen) -> ToolParser | None:
         parser: ToolParser = tool_parser(name, tools=open_.tools)
     except (KeyError, ValueError) as exc:
         raise InternalError(f"unknown tool parser {name!r}") from exc
+    if not open_.output.parallel_tool_calls:
+        from services.formatter.parsers.first_call import FirstCallOnly
+
+        return FirstCallOnly(parser)
     return parser

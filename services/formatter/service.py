@@ -261,7 +261,7 @@ class FormatterService:
         """StreamOpen on the queue group: answer where to stream (``StreamOpened``), then open."""
         if self._closing:
             raise ShuttingDown("the formatter is shutting down")
-        tokenizer = await self._tokenizers.get(request.model)
+        tokenizer = await self._tokenizers.get(request.base_model or request.model)
         formatter_id, request_id = self._config.formatter_id, request.request_id
         stream_to = self._subjects.stream(formatter_id, request_id)
         opened = StreamOpened(request_id=request_id, stream_to=stream_to, formatter_id=formatter_id)
@@ -273,7 +273,7 @@ class FormatterService:
 
         A failure goes to the gateway, with a ``Cancel`` for the worker (``Generate`` is out).
         """
-        tokenizer = self._tokenizers.peek(request.model)
+        tokenizer = self._tokenizers.peek(request.base_model or request.model)
         if tokenizer is not None:
             await self._open(request, tokenizer, direct=True)
             return
@@ -286,7 +286,7 @@ class FormatterService:
         self._tasks.spawn(self._open_after_load(request), name=f"open-{request.request_id}")
 
     async def _load_and_open(self, request: StreamOpen) -> None:
-        tokenizer = await self._tokenizers.get(request.model)
+        tokenizer = await self._tokenizers.get(request.base_model or request.model)
         await self._open(request, tokenizer, direct=True)
 
     async def on_stream(self, event: WorkerEvent) -> None:

@@ -172,6 +172,26 @@ class GatewayConfig(CommonConfig):
         "Dynamo's DYN_HTTP_SSE_KEEP_ALIVE_INTERVAL_MS)",
         ge=0,
     )
+    responses_store_ttl_s: float = setting(
+        30 * 24 * 3600.0,
+        "Stored Responses turns (store, previous_response_id, GET /v1/responses/{id}) are "
+        "forgotten after this long (OpenAI keeps them 30 days); the bucket's max age",
+        gt=0,
+    )
+    responses_store_max_bytes: int = setting(
+        1024 * 1024 * 1024,
+        "Bytes of stored Responses turns kept, all gateways together (a JetStream KV bucket); "
+        "when full, the oldest turns are forgotten first",
+        ge=1024 * 1024,
+    )
+    responses_max_stored_bytes: int = setting(
+        1_000_000,
+        "Largest stored record of one Responses turn, bytes (its input, and its response); a "
+        "larger turn is answered but not stored (a marker says why), and a request whose own "
+        "input is larger is refused with 400 unless store is false. At most the NATS server's "
+        "max_payload less 4 KiB",
+        ge=1024,
+    )
     chat_path: str = setting(
         DEFAULT_PATHS.chat,
         "HTTP path of: OpenAI chat completions",
@@ -239,6 +259,16 @@ class GatewayConfig(CommonConfig):
     busy_threshold_path: str = setting(
         DEFAULT_PATHS.busy_threshold,
         "HTTP path of: Per-model busy thresholds for every router (POST sets, GET lists)",
+        parse=check_path,
+    )
+    load_lora_adapter_path: str = setting(
+        DEFAULT_PATHS.load_lora_adapter,
+        "HTTP path of: Load a LoRA adapter on a model's workers (vLLM's endpoint)",
+        parse=check_path,
+    )
+    unload_lora_adapter_path: str = setting(
+        DEFAULT_PATHS.unload_lora_adapter,
+        "HTTP path of: Unload a LoRA adapter from a model's workers (vLLM's endpoint)",
         parse=check_path,
     )
 

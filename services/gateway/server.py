@@ -19,6 +19,8 @@ from services.gateway.core.bus import NatsBus
 from services.gateway.core.metrics import GatewayMetrics
 from services.gateway.core.paths import Paths
 from services.gateway.core.readiness import Readiness
+from services.gateway.core.turn_store import KvTurns
+from services.gateway.core.turns import Turns
 from services.gateway.http.app import create_app
 from shared.lifecycle import settle_heap
 from shared.metrics import serve_metrics
@@ -70,7 +72,18 @@ def build_server(config: GatewayConfig) -> uvicorn.Server:
     readiness = Readiness()
     metrics = GatewayMetrics(routes=Paths.of(config).all(), prefix=config.metrics_prefix)
     bus = NatsBus(config, metrics=metrics.base)
-    app = create_app(config, bus=bus, readiness=readiness, metrics=metrics, serve_grpc=True)
+    store = KvTurns(
+        bus.jetstream,
+        bus.subjects.stored_turns_bucket,
+        ttl_s=config.responses_store_ttl_s,
+        max_bytes=config.responses_store_max_bytes,
+        limit_bytes=config.responses_max_stored_bytes,
+        max_payload=bus.max_payload,
+        replicas=config.js_replicas,
+    )
+    app = create_app(
+        config, bus=bus, readiness=readiness, metrics=metrics, serve_grpc=True, turns=Turns(store)
+    )
     # /metrics is served on the HTTP port; --metrics-port adds a separate listener if set.
     serve_metrics(metrics.base, config.metrics_port, prefix=config.metrics_prefix)
     # uvloop and asyncio both set TCP_NODELAY on accepted sockets (checked), so a kept-alive
@@ -81,7 +94,9 @@ def build_server(config: GatewayConfig) -> uvicorn.Server:
         port=config.http_port,
         loop="uvloop",
         http="httptools",
-        ws="none",
+        # The Responses API's WebSocket mode; a client message is bounded like a body.
+        ws="websockets-sansio",
+        ws_max_size=config.max_body_bytes,
         lifespan="on",
         access_log=False,
         log_config=None,

@@ -10,16 +10,22 @@ greedy request is ``top_k=1`` (the most likely token; exact ties are broken at r
 Every request passes all three processor arguments, so the manager's defaults
 (``PROCESSOR_DEFAULTS``, which only make the processors exist) never apply.
 
+Guided decoding (``response_format``, ``tool_choice`` required or named, ``parallel_tool_calls:
+false``, ``max_thinking_tokens``) becomes ``CbRequest.grammar`` (``grammar.grammar_spec``), which
+the engine hands its ``Grammars`` before ``add_request`` (decision 028).
+
 What this engine cannot honour per request raises ``EngineError`` (a 400) with the reason:
-``n`` > 1, log-probabilities, penalties, ``min_p``, ``logit_bias``, ``min_tokens`` and guided
-decoding. ``seed`` is accepted and ignored: the manager has one random generator (seeded from
-``--seed``), so a seeded request is a valid sample, not a reproducible one.
+``n`` > 1, log-probabilities, penalties, ``min_p``, ``logit_bias``, ``min_tokens``, and a forced
+tool call in a syntax without a grammar (``mistral``). ``seed`` is accepted and ignored: the
+manager has one random generator (seeded from ``--seed``), so a seeded request is a valid sample,
+not a reproducible one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.hf_worker.grammar import GrammarSpec, grammar_spec
 from shared.messages import SamplingParams
 from shared.worker.records import EngineError
 
@@ -40,6 +46,8 @@ class CbRequest:
     temperature: float
     top_k: int
     top_p: float
+    grammar: GrammarSpec | None = None
+    """What the output must look like (``None``: unconstrained): ``Grammars.add`` it."""
 
     def processor_kwargs(self) -> dict[str, float | int]:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
@@ -62,14 +70,6 @@ def unsupported(sampling: SamplingParams) -> list[str]:
         problems.append("logit_bias")
     if sampling.min_tokens:
         problems.append("min_tokens")
-    if sampling.guided is not None and (
-        sampling.guided.json_schema is not None
-        or sampling.guided.json_object
-        or sampling.guided.tool_choice not in ("auto", "none")
-    ):
-        problems.append("structured output (guided decoding)")
-    if sampling.guided is not None and sampling.guided.max_thinking_tokens is not None:
-        problems.append("max_thinking_tokens")
     return problems
 
 
@@ -80,6 +80,7 @@ def cb_request(sampling: SamplingParams, vocab_size: int) -> CbRequest:
         raise EngineError(f"unsupported by the hf engine: {', '.join(problems)}")
     if sampling.max_tokens < 1:
         raise EngineError("max_tokens must be at least 1")
+    grammar = grammar_spec(sampling.guided)
     greedy = sampling.greedy or sampling.temperature <= 0.0 or sampling.top_k == 1
     if greedy:
         return CbRequest(
@@ -88,6 +89,7 @@ def cb_request(sampling: SamplingParams, vocab_size: int) -> CbRequest:
             temperature=1.0,
             top_k=1,
             top_p=1.0,
+            grammar=grammar,
         )
     top_k = sampling.top_k if sampling.top_k > 0 else vocab_size
     top_p = sampling.top_p if 0.0 < sampling.top_p <= 1.0 else 1.0
@@ -97,4 +99,5 @@ def cb_request(sampling: SamplingParams, vocab_size: int) -> CbRequest:
         temperature=float(sampling.temperature),
         top_k=min(top_k, vocab_size),
         top_p=float(top_p),
+        grammar=grammar,
     )

@@ -1,13 +1,15 @@
 """transformers worker wiring: a ``WorkerProcess`` whose engines are ``HfEngine``s, one model
-copy each. ``python -m services.hf_worker`` runs an ``HfWorker`` under
-``shared.lifecycle.run_service``.
+copy each, each in an engine process of its own. ``python -m services.hf_worker`` runs an
+``HfWorker`` under ``shared.lifecycle.run_service``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
+import structlog
 from nats.aio.client import Client
 
 from services.hf_worker.config import HfWorkerConfig
@@ -16,7 +18,9 @@ from shared.worker.engine import WorkerEngine
 from shared.worker.metrics import WorkerMetrics
 from shared.worker.process import EngineFactory, WorkerService
 
-__all__ = ["HfWorker", "engine_factory", "engine_options"]
+log = structlog.get_logger(__name__)
+
+__all__ = ["HfWorker", "end_worker_process", "engine_factory", "engine_options"]
 
 
 def engine_options(config: HfWorkerConfig, model_dir: Path) -> HfEngineOptions:
@@ -33,6 +37,8 @@ def engine_options(config: HfWorkerConfig, model_dir: Path) -> HfEngineOptions:
         context_length=config.context_length,
         seed=config.seed,
         prefix_sharing=config.prefix_sharing,
+        log_level=config.log_level,
+        log_format=config.log_format,
     )
 
 
@@ -41,9 +47,21 @@ def engine_factory(config: HfWorkerConfig, model_dir: Path) -> EngineFactory:
     options = engine_options(config, model_dir)
 
     def make(worker_id: str) -> WorkerEngine:
-        return HfEngine(options)
+        return HfEngine(options, on_core_exit=end_worker_process)
 
     return make
+
+
+ENGINE_GONE_EXIT = 70
+"""The worker's exit status when its engine process died under it (``EX_SOFTWARE``)."""
+
+
+def end_worker_process(why: str) -> None:
+    """The engine process is gone: end this worker process at once, as a crash would (decision
+    033): routers find it lost and its requests migrate (decision 017), the launcher or the
+    orchestrator starts it again. A graceful stop would wait for requests that cannot finish."""
+    log.error("hf_worker_exits_with_its_engine", why=why, status=ENGINE_GONE_EXIT)
+    os._exit(ENGINE_GONE_EXIT)
 
 
 class HfWorker(WorkerService):

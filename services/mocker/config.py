@@ -55,9 +55,28 @@ class MockerConfig(WorkerConfig):
         "dtype bytes x block size from the model's config.json; Qwen3-0.6B's without one)",
         ge=0,
     )
+    hang_after_tokens: int | None = setting(
+        None,
+        "Test/debug only: the simulated engine stops stepping once it has emitted this many "
+        "tokens (canaries included) while the process and its runtime go on, to exercise "
+        "the engine health checks (unset = never)",
+        ge=0,
+    )
+    hang_for_s: float = setting(
+        0.0,
+        "Test/debug only, with --hang-after-tokens: resume after this many seconds (0 = stay "
+        "hung until the process stops)",
+        ge=0,
+    )
     kv_pin_timeout_s: float = setting(
         30.0,
         "Prefill worker: free a prefill's pinned KV blocks after this many seconds (wall "
         "time) when no decode worker released them",
         gt=0,
+    )
+    lora_load_time_s: float = setting(
+        0.2,
+        "Simulated time to load a LoRA adapter into one of the engine's --max-loras slots "
+        "(divided by --speedup-ratio; 0 = instant)",
+        ge=0,
     )

@@ -62,6 +62,15 @@ class DataParallelEngine:
         for rank in self.ranks:
             await rank.stop()
 
+    async def load_lora(self, name: str, path: str) -> None:
+        """Every rank holds the worker's adapters (each loads them into its own slots)."""
+        for rank in self.ranks:
+            await rank.load_lora(name, path)
+
+    async def unload_lora(self, name: str) -> None:
+        for rank in self.ranks:
+            await rank.unload_lora(name)
+
     @property
     def has_work(self) -> bool:
         return any(rank.has_work for rank in self.ranks)

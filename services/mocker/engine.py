@@ -31,7 +31,7 @@ from services.mocker.logprobs import is_greedy, token_logprob
 from services.mocker.records import EngineConfig, StepOutput
 from services.mocker.sequence import EngineRequest
 from services.mocker.timing import PolynomialTiming
-from shared.hashing import SEED, block_hash
+from shared.hashing import SEED, MmSpan, block_hash, block_images
 from shared.messages import AnyKvEvent, FinishReason, SamplingParams, TokenLogprob
 from shared.worker.records import Emission, EngineError, EngineLoad, EnginePhase, EngineStats
 
@@ -137,6 +137,7 @@ class Engine:
         resumed_tokens: int = 0,
         phase: EnginePhase = "both",
         kv_transfer: Mapping[str, Any] | None = None,
+        images: Sequence[MmSpan] = (),
     ) -> None:
         """Queue a request; its output starts at a corpus offset drawn from its seed.
 
@@ -171,6 +172,7 @@ class Engine:
         if resumed_tokens and sampling.n > 1:
             raise EngineError("a request with n > 1 cannot be resumed")
         original = prompt[: len(prompt) - resumed_tokens]
+        mm = block_images(images, self.config.block_size) if images else {}
         seqs = []
         for choice in range(sampling.n):
             key = self.seed_key(original, sampling, choice)
@@ -186,6 +188,7 @@ class Engine:
                 lora_name=lora_name,
                 choice=choice,
                 key=key,
+                mm=mm,
             )
             if sampling.guided is not None and self._encode is not None:
                 script = structured.script(sampling.guided, key, self._encode)

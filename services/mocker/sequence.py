@@ -76,12 +76,14 @@ class EngineRequest:
     decode instance behind a KV connector does (not a prefill of the partial last block)."""
     block_hashes: list[int] = field(default_factory=list)
     """Sequence hashes of the full blocks of ``prompt + output`` hashed so far."""
+    mm: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Block index -> routing hashes of the prompt's images in it (``hashing.block_images``)."""
 
     num_tokens: int = 0
     """``len(prompt) + len(output)``, kept up to date by ``append`` (read on every step)."""
 
     def __post_init__(self) -> None:
-        locals_ = local_block_hashes(self.prompt, self.block_size, self.hash_seed)
+        locals_ = local_block_hashes(self.prompt, self.block_size, self.hash_seed, self.mm)
         self.block_hashes = sequence_hashes(locals_)
         self.num_tokens = len(self.prompt) + len(self.output)
 
@@ -109,7 +111,9 @@ class EngineRequest:
         bs = self.block_size
         while len(self.block_hashes) < count:
             i = len(self.block_hashes)
-            local = block_hash(self.tokens(i * bs, (i + 1) * bs), self.hash_seed)
+            local = block_hash(
+                self.tokens(i * bs, (i + 1) * bs), self.hash_seed, self.mm.get(i, ())
+            )
             parent = self.block_hashes[-1] if self.block_hashes else None
             self.block_hashes.append(next_sequence_hash(parent, local))
         return self.block_hashes[:count]

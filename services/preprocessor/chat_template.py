@@ -2,7 +2,9 @@
 
 Messages are first normalised the way vLLM does for templates that expect string content:
 text parts joined with newlines, ``None`` content as ``""``, tool-call arguments parsed to
-objects. Each template source is compiled once.
+objects; a content with images stays a list of ``{"type": "text", "text"}`` and
+``{"type": "image"}`` parts, as vision templates read it (decision 032). Each template source is
+compiled once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from shared.errors import InternalError, InvalidRequest
 RESERVED_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
 """Template variables that come from the request itself, never from ``chat_template_kwargs``."""
 _TEXT_PART_KEYS = {"text": "text", "input_text": "text", "refusal": "refusal"}
+IMAGE_PART = "image_url"
+"""How an image part reaches the preprocessor (the gateway maps every API's to it)."""
 
 
 def _raise_exception(message: str) -> NoReturn:
@@ -125,6 +129,21 @@ def content_text(content: Any) -> str:
     return "\n".join(texts)
 
 
+def template_content(content: Any) -> str | list[dict[str, Any]]:
+    """``content_text``, except that a content with image parts stays a list of text and
+    image parts, in order."""
+    if not isinstance(content, list | tuple) or not any(
+        isinstance(p, Mapping) and p.get("type") == IMAGE_PART for p in content
+    ):
+        return content_text(content)
+    return [
+        {"type": "image"}
+        if isinstance(p, Mapping) and p.get("type") == IMAGE_PART
+        else {"type": "text", "text": content_text([p])}
+        for p in content
+    ]
+
+
 def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI messages → what chat templates see (vLLM's "string" content format)."""
     result: list[dict[str, Any]] = []
@@ -132,7 +151,7 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
         role = message.get("role")
         if not isinstance(role, str):
             raise InvalidRequest("every message needs a string role", param="messages")
-        out: dict[str, Any] = {"role": role, "content": content_text(message.get("content"))}
+        out: dict[str, Any] = {"role": role, "content": template_content(message.get("content"))}
         if role == "assistant":
             if message.get("tool_calls") is not None:
                 out["tool_calls"] = [_tool_call(call) for call in message["tool_calls"]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.preprocessor.images import ImageLimits
 from shared.config import CommonConfig, setting
 
 
@@ -40,3 +41,29 @@ class PreprocessorConfig(CommonConfig):
         "(Dynamo's --migration-max-seq-len); 0 = no limit",
         ge=0,
     )
+    max_images: int = setting(
+        8, "Most images in one chat request (decision 032); more are a 400 naming the part", ge=0
+    )
+    max_image_bytes: int = setting(
+        10_000_000,
+        "Largest image, bytes, as a data: URL or fetched (a 400 naming the part past it); the "
+        "bus's max_payload bounds a request's images too",
+        ge=1,
+    )
+    image_url_domains: str = setting(
+        "",
+        "Hosts whose http(s) image URLs the preprocessor fetches (each also covers its "
+        "subdomains), comma-separated; * = any host; empty = none: images only as data: URLs",
+    )
+    image_fetch_timeout_s: float = setting(
+        10.0, "Seconds to fetch all of a request's image URLs (then a 400 naming the part)", gt=0
+    )
+
+    def image_limits(self) -> ImageLimits:
+        """The image settings as ``images.check_refs`` takes them."""
+        domains = {d.strip().lower().rstrip(".") for d in self.image_url_domains.split(",")}
+        return ImageLimits(
+            max_images=self.max_images,
+            max_bytes=self.max_image_bytes,
+            url_domains=frozenset(d for d in domains if d),
+        )

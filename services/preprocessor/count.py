@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import nats.errors
 import structlog
 from nats.aio.msg import Msg
 
+from services.preprocessor.image_fetch import ImageLoader
+from services.preprocessor.images import LoadedImage, expand_placeholders
 from services.preprocessor.prepare import prompt_chars, rendered_chat
 from services.preprocessor.tokenizer import ModelAssets
 from shared import codec
@@ -34,18 +36,22 @@ OFFLOAD_CHARS = 8_000
 _DECODER = codec.decoder(CountTokens)
 
 
-def count_tokens(req: Preprocess, assets: ModelAssets) -> int:
-    """The prompt tokens of a chat request, rendered and tokenized as for generation."""
+def count_tokens(req: Preprocess, assets: ModelAssets, images: Sequence[LoadedImage] = ()) -> int:
+    """The prompt tokens of a chat request, rendered and tokenized as for generation (each
+    image's placeholder expanded to its token count, decision 032)."""
     if req.api != "chat":
         raise InvalidRequest("Only chat requests can be counted.", param="messages")
     rendered = rendered_chat(req, assets)
-    return len(assets.encode(rendered, add_special_tokens=False))
+    ids = assets.encode(rendered, add_special_tokens=False)
+    if images and assets.vision is not None:
+        return len(expand_placeholders(ids, images, assets.vision.image_token_id)[0])
+    return len(ids)
 
 
 class Counter:
     """The ``subjects.count_tokens`` handler: ``CountTokens`` in, ``TokenCount`` out."""
 
-    __slots__ = ("_assets", "_clock", "_tasks")
+    __slots__ = ("_assets", "_clock", "_images", "_tasks")
 
     def __init__(
         self,
@@ -53,10 +59,12 @@ class Counter:
         tasks: TaskSet,
         *,
         clock: Callable[[], float] = time.time,
+        images: ImageLoader | None = None,
     ) -> None:
         self._assets = assets
         self._tasks = tasks
         self._clock = clock
+        self._images = images
 
     async def on_message(self, msg: Msg) -> None:
         """The subscription callback: answer in a task of its own."""
@@ -92,6 +100,7 @@ class Counter:
         if req.deadline_ms and self._clock() * 1000 > req.deadline_ms:
             raise UpstreamTimeout("the request expired before its tokens were counted")
         assets = await self._assets(req.model)
-        if prompt_chars(req) >= OFFLOAD_CHARS:
-            return await asyncio.to_thread(count_tokens, req, assets)
+        images = await self._images.load(req, assets.vision) if self._images is not None else ()
+        if images or prompt_chars(req) >= OFFLOAD_CHARS:
+            return await asyncio.to_thread(count_tokens, req, assets, images)
         return count_tokens(req, assets)

@@ -55,7 +55,8 @@ def resolve(
         base,
         tools=tools,
         tool_syntax=assets.tool_parser,
-        reasoning_syntax=assets.reasoning_parser,
+        # empty when thinking is off: engines then allow no reasoning block (decision 028)
+        reasoning_syntax=assets.reasoning_parser if may_think else "",
         thinking=thinking,
         thinking_opened=opened,
         tool_turn=tool_turn(req.messages) if is_chat else True,

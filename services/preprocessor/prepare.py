@@ -13,10 +13,19 @@ from typing import Any
 import msgspec
 
 from services.preprocessor import chat_template, guided
+from services.preprocessor.images import LoadedImage, expand_placeholders
 from services.preprocessor.tokenizer import ModelAssets
 from shared.errors import ContextLengthExceeded, InvalidRequest
 from shared.hashing import prefix_hashes
-from shared.messages import Generate, OutputOptions, Preprocess, SamplingParams, StreamOpen
+from shared.images import mm_spans
+from shared.messages import (
+    Generate,
+    ImageInput,
+    OutputOptions,
+    Preprocess,
+    SamplingParams,
+    StreamOpen,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,18 +43,27 @@ class Prepared:
     block_hashes: tuple[int, ...] = ()
     """The prompt's KV block hashes at ``assets.kv_block_size`` (``Generate.block_hashes``)."""
     hash_block_size: int = 0
+    images: tuple[ImageInput, ...] = ()
+    """The prompt's images, their placeholders expanded in ``token_ids`` (decision 032)."""
 
     @property
     def prompt_tokens(self) -> int:
         return len(self.token_ids)
 
 
-def prepare(req: Preprocess, assets: ModelAssets, rendered: str | None = None) -> Prepared:
+def prepare(
+    req: Preprocess,
+    assets: ModelAssets,
+    rendered: str | None = None,
+    images: Sequence[LoadedImage] = (),
+) -> Prepared:
     """Template, tokenize, check the context length and resolve sampling for one request.
 
     ``rendered``: the chat prompt ``rendered_chat`` already made for this request, if any.
+    ``images``: the request's images, read (``image_fetch.ImageLoader``), in prompt order.
     """
     prompt_text: str | None = None
+    inputs: tuple[ImageInput, ...] = ()
     if req.api == "chat" and req.prompt_token_ids is not None:  # nvext.token_data
         token_ids = check_token_ids(req.prompt_token_ids, assets.vocab_size)
         prompt_text = assets.decode(token_ids)
@@ -55,6 +73,8 @@ def prepare(req: Preprocess, assets: ModelAssets, rendered: str | None = None) -
             rendered = rendered_chat(req, assets)
         prompt_text = rendered
         token_ids = tuple(assets.encode(rendered, add_special_tokens=False))
+        if images and assets.vision is not None:
+            token_ids, inputs = expand_placeholders(token_ids, images, assets.vision.image_token_id)
         echo = (
             _chat_echo(req, chat_template.normalize_messages(req.messages))
             if req.output.echo
@@ -93,6 +113,7 @@ def prepare(req: Preprocess, assets: ModelAssets, rendered: str | None = None) -
             block_size,
             lora_name=hints.lora_name if hints else None,
             cache_salt=hints.cache_salt if hints else None,
+            images=mm_spans(inputs),
         )
         if block_size > 0
         else ()
@@ -105,6 +126,7 @@ def prepare(req: Preprocess, assets: ModelAssets, rendered: str | None = None) -
         formatted_prompt=formatted,
         block_hashes=tuple(hashes),
         hash_block_size=block_size if hashes else 0,
+        images=inputs,
     )
 
 
@@ -181,10 +203,12 @@ def stream_open(
     with its own generated tail, which one ``Generate`` with ``resumed_tokens`` cannot carry.
     """
     migratable = migration_limit > 0 and req.worker_id is None and prepared.sampling.n == 1
+    lora = req.routing.lora_name if req.routing is not None else None
     return StreamOpen(
         request_id=req.request_id,
         api=req.api,
-        model=req.model,
+        model=lora or req.model,  # answers name the adapter asked for, as vLLM's do
+        base_model=req.model if lora else "",
         reply_to=req.reply_to,
         created=req.created,
         prompt_tokens=prepared.prompt_tokens,
@@ -233,6 +257,7 @@ def generate(req: Preprocess, prepared: Prepared, stream_to: str) -> Generate:
         reply_to=req.reply_to,
         block_hashes=prepared.block_hashes,
         hash_block_size=prepared.hash_block_size,
+        images=prepared.images,
     )
 
 
@@ -256,7 +281,10 @@ def _chat_echo(req: Preprocess, messages: Sequence[dict[str, Any]]) -> str:
         return ""
     last = messages[-1]
     role = "assistant" if req.add_generation_prompt else last["role"]
-    return str(last["content"]) if last["role"] == role else ""
+    content = last["content"]
+    if not isinstance(content, str):  # with images: its text parts
+        content = "\n".join(p["text"] for p in content if p.get("type") == "text")
+    return content if last["role"] == role else ""
 
 
 def _prompt_param(req: Preprocess) -> str:

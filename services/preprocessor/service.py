@@ -37,6 +37,8 @@ from services.preprocessor.assets import AssetCache
 from services.preprocessor.config import PreprocessorConfig
 from services.preprocessor.count import Counter
 from services.preprocessor.formatters import FormatterPool
+from services.preprocessor.image_fetch import ImageLoader
+from services.preprocessor.images import image_refs, refused
 from services.preprocessor.prepare import (
     Prepared,
     generate,
@@ -73,6 +75,9 @@ OFFLOAD_CHARS = 8_000
 """Prompts with at least this much text to tokenize afresh (not served by the segment cache) are
 tokenized on a worker thread: ~2k tokens take ~2 ms, the thread hop ~0.1 ms idle but up to the
 GIL switch interval (5 ms) when the loop is busy, and ``encode_batch_fast`` releases the GIL."""
+
+BUS_MARGIN_BYTES = 16 * 1024
+"""Room left under the server's ``max_payload`` for headers and a ``StreamOpen``'s own fields."""
 
 WARM_BEFORE_SERVING_S = 30.0
 """At start, the longest wait for the served models' tokenizers before taking requests."""
@@ -118,6 +123,8 @@ class Preprocessor:
         """Formatters that take a direct ``StreamOpen`` (decision 013)."""
         self._open_bounces: Bounces[tuple[str, str]] = Bounces(nc, subjects, self._on_no_formatter)
         self._warmer = ModelWarmer(nc.jetstream(), subjects, assets.get)
+        self._images = ImageLoader(config.image_limits(), timeout_s=config.image_fetch_timeout_s)
+        """Reads requests' images (decision 032); its HTTP client serves every fetch."""
         self._is_debug = log.is_enabled_for(logging.DEBUG)
         """Per-request lines are DEBUG; at INFO their fields are not even built."""
         self.metrics.track_in_flight(lambda: len(self._tasks))
@@ -156,7 +163,7 @@ class Preprocessor:
             self._nc, self._subjects, self._assets, self._boundary, self._bounces, self._tasks
         )
         # /v1/messages/count_tokens (count.py): request/reply, in the same queue group.
-        counter = Counter(self._assets.get, self._tasks, clock=self._clock)
+        counter = Counter(self._assets.get, self._tasks, clock=self._clock, images=self._images)
         await self._nc.subscribe(self._subjects.count_tokens, queue=QUEUE, cb=counter.on_message)
         await barrier(self._nc)
 
@@ -176,6 +183,7 @@ class Preprocessor:
             await self._resume_sub.unsubscribe()
             self._resume_sub = None
         await self._assets.close()
+        await self._images.close()
 
     async def on_preprocess(self, req: Preprocess) -> None:
         """Prepare, open a stream on a formatter, send ``Generate`` to the routers; until then
@@ -207,6 +215,8 @@ class Preprocessor:
         if req.deadline_ms and self._clock() * 1000 > req.deadline_ms:
             raise UpstreamTimeout("the request expired before it was preprocessed")
         prepared = await self._prepare(req)
+        if prepared.images:
+            self._check_fits_the_bus(req, prepared)
         config = self._config
         open_msg = stream_open(
             req,
@@ -232,6 +242,9 @@ class Preprocessor:
     async def _prepare(self, req: Preprocess) -> Prepared:
         """Template and tokenize; long prompts not served by the segment cache off the loop."""
         assets = await self._assets.get(req.model)
+        images = await self._images.load(req, assets.vision)
+        if images:  # reading images is the slow part; the prompt is short next to them
+            return await asyncio.to_thread(prepare, req, assets, None, images)
         rendered = None
         offload = prompt_chars(req) >= OFFLOAD_CHARS
         if offload and req.api == "chat":
@@ -242,6 +255,21 @@ class Preprocessor:
         if offload:
             return await asyncio.to_thread(prepare, req, assets, rendered)
         return prepare(req, assets, rendered)
+
+    def _check_fits_the_bus(self, req: Preprocess, prepared: Prepared) -> None:
+        """A request whose images make its ``Generate`` larger than the bus carries is a 400
+        naming its largest image (not a publish failure later)."""
+        size = len(codec.encode(generate(req, prepared, self._subjects.route)))
+        limit = self._nc.max_payload - BUS_MARGIN_BYTES
+        if size > limit:
+            largest = max(prepared.images, key=lambda i: len(i.data))
+            index = prepared.images.index(largest)
+            param = image_refs(req.messages)[index].param
+            raise refused(
+                param,
+                f"the request's images make it {size} bytes; the bus carries at most {limit} "
+                "(send smaller images, or raise the NATS server's max_payload).",
+            )
 
     async def _on_no_router(self, request_id: str, stream_to: str, _subject: str) -> None:
         with bound_contextvars(request_id=request_id):

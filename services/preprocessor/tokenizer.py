@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from services.preprocessor import chat_template
 from services.preprocessor.segments import SegmentEncoder
 from shared.errors import InternalError
-from shared.messages import ModelCard
+from shared.messages import ModelCard, VisionSpec
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -59,6 +59,8 @@ class ModelAssets:
     """The model's reasoning syntax (``ModelCard.reasoning_parser``; empty: none)."""
     kv_block_size: int = 0
     """``ModelCard.kv_block_size``: prompts are block-hashed at this size for the router."""
+    vision: VisionSpec | None = None
+    """``ModelCard.vision``: the model's image rule (``None``: it takes text only)."""
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         """Token ids of ``text``."""
@@ -115,6 +117,7 @@ def load_assets(
         tool_parser=card.tool_parser,
         reasoning_parser=card.reasoning_parser,
         kv_block_size=card.kv_block_size,
+        vision=card.vision,
     )
 
 

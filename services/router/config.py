@@ -134,7 +134,32 @@ class RouterConfig(CommonConfig):
     snapshot_interval_s: float = setting(
         30.0, "The lease holder snapshots the KV index this often (0 = never)", ge=0
     )
-    lease_ttl_s: float = setting(10.0, "Snapshot-writer lease lifetime", gt=0)
+    lease_ttl_s: float = setting(
+        10.0, "Lifetime of the snapshot-writer and LoRA-placer leases", gt=0
+    )
+    lora_placement: bool = setting(
+        True,
+        "LoRA adapter placement: the replica holding the placer lease asks another worker to "
+        "load an adapter whose requests outgrow its holders, and drops cold copies beyond a "
+        "worker's --max-loras (off: requests go to the adapters' static holders only)",
+    )
+    lora_placement_interval_s: float = setting(
+        1.0, "How often the LoRA placer looks at the adapters' demand", gt=0
+    )
+    lora_cooldown_s: float = setting(
+        5.0, "An adapter the placer loaded or unloaded is left alone this long", ge=0
+    )
+    lora_min_inflight: float = setting(
+        4.0,
+        "An adapter gets another holder only when its requests in flight per holder exceed this...",
+        ge=0,
+    )
+    lora_imbalance: float = setting(
+        1.5,
+        "...and its holders have more than this times the fleet's mean requests in flight per "
+        "worker",
+        ge=1,
+    )
     kv_stream_max_age_s: float = setting(
         DEFAULT_KV_STREAM_MAX_AGE_S,
         "KV event stream retention by age",

@@ -23,6 +23,7 @@ import msgspec
 from services.router.approx import ApproxIndex
 from services.router.fleet import Fleet, FleetCache
 from services.router.load import ActiveLoad, BusyThresholds, WorkerReports, is_busy
+from services.router.lora_placement import holders
 from services.router.pins import KnownCard
 from services.router.pins import resolve as resolve_pins
 from services.router.policy import Policy, build_policy
@@ -36,6 +37,7 @@ from shared.errors import (
     NoWorkerAvailable,
 )
 from shared.hashing import extend_prefix_hashes, prefix_hashes
+from shared.images import mm_spans
 from shared.messages import (
     Candidate,
     Generate,
@@ -355,6 +357,7 @@ class RoutingCore:
             policy_class=hints.policy_class or "",
             output_blocks=-(-hints.osl // block_size) if hints.osl else 0,
             tenant=hints.tenant or "",
+            lora_name=hints.lora_name or "",
         )
 
     @staticmethod
@@ -362,11 +365,19 @@ class RoutingCore:
         """The prompt's block hashes: the preprocessor's when they are at this block size
         (extended over tokens appended since, as a migrated request's), else hashed here."""
         lora, salt = hints.lora_name, hints.cache_salt
+        images = mm_spans(gen.images)  # decision 032: image hashes in their blocks' hashes
         if gen.hash_block_size == block_size and gen.block_hashes:
             return extend_prefix_hashes(
-                gen.token_ids, block_size, gen.block_hashes, lora_name=lora, cache_salt=salt
+                gen.token_ids,
+                block_size,
+                gen.block_hashes,
+                lora_name=lora,
+                cache_salt=salt,
+                images=images,
             )
-        return prefix_hashes(gen.token_ids, block_size, lora_name=lora, cache_salt=salt)
+        return prefix_hashes(
+            gen.token_ids, block_size, lora_name=lora, cache_salt=salt, images=images
+        )
 
     @property
     def mode_label(self) -> str:
@@ -387,6 +398,14 @@ class RoutingCore:
         allowed = gen.routing.allowed_worker_ids if gen.routing is not None else None
         if allowed is not None:
             fleet = fleet.subset(allowed_workers(fleet.cards, allowed))
+        lora = gen.routing.lora_name if gen.routing is not None else None
+        if lora and fleet:
+            fleet = fleet.subset(holders(fleet.cards, lora))
+            if not fleet:
+                raise NoWorkerAvailable(
+                    f"no live worker of model {gen.model} holds LoRA adapter {lora}",
+                    retry_after_s=1.0,
+                )
         if not fleet:
             among = " among nvext.allowed_worker_ids" if allowed is not None else ""
             raise NoWorkerAvailable(

@@ -40,6 +40,8 @@ from services.router.embeds import EmbedRouting
 from services.router.kv_feed import KvFeed
 from services.router.liveness import Liveness
 from services.router.load import ActiveLoad, BusyThresholds, WorkerReports
+from services.router.lora_placement import PlacementSettings
+from services.router.lora_placer import LoraPlacer
 from services.router.metrics import RouterMetrics
 from services.router.prefills import Outcome as PrefillOutcome
 from services.router.prefills import PrefillWaits
@@ -174,6 +176,21 @@ class Router:
             replicas=config.js_replicas,
             clock=clock,
         )
+        self.placer = LoraPlacer(
+            nc,
+            self._subjects,
+            router_id=config.router_id,
+            cards=self._all_live_cards,
+            settings=PlacementSettings(
+                min_inflight=config.lora_min_inflight, imbalance=config.lora_imbalance
+            ),
+            interval_s=config.lora_placement_interval_s,
+            cooldown_s=config.lora_cooldown_s,
+            lease_ttl_s=config.lease_ttl_s,
+            replicas=config.js_replicas,
+            enabled=config.lora_placement,
+        )
+        """LoRA adapter placement (decision 031)."""
         self.embeds = EmbedRouting(nc, self._subjects, self._boundary, self.live, self.core.reports)
         self.sessions = self._session_affinity() if config.session_affinity_ttl_s > 0 else None
         self.feed: KvFeed | None = None
@@ -210,6 +227,10 @@ class Router:
             return cards
         return [c for c in cards if not self.liveness.is_lost(c)]
 
+    def _all_live_cards(self) -> list[WorkerCard]:
+        """Every live worker's card, of every model (adapter placement)."""
+        return [c for model in sorted(self._directory.models()) for c in self.live(model)]
+
     async def start(self) -> None:
         """Rebuild state (snapshot + stream), follow peers and workers, then take requests."""
         if self.core.is_kv and self._config.kv_events:
@@ -242,6 +263,7 @@ class Router:
         on_route = on(codec.decoder(Generate), "route", self.on_route, reply_to=_stream_to)
         self._route_sub = await self._nc.subscribe(subjects.route, queue=QUEUE_GROUP, cb=on_route)
         await self.embeds.start()
+        await self.placer.start()
         await barrier(self._nc)  # the server knows the subscriptions before we say "started"
         log.info(
             "router_started",
@@ -288,6 +310,7 @@ class Router:
         if self._route_sub is not None:
             await drain_subscription(self._route_sub)
         await self.admission.stop()
+        await self.placer.stop()
         await self.embeds.stop()
         if self.sessions is not None:
             await self.sessions.stop()
@@ -522,14 +545,19 @@ class Router:
         """A decision, this replica's or a peer's, in the active load and the admission ledger."""
         self.core.commit(decision, now)
         self.admission.on_decision(decision, now)
+        self.placer.on_decision(decision)
 
     async def on_phase(self, phase: RequestPhase) -> None:
         self.core.on_phase(phase)
+        if phase.phase == "finished":
+            self.placer.on_end(phase.request_id)
         self.admission.on_phase(phase, self._clock())
 
     async def on_load(self, report: WorkerLoad) -> None:
         ended = self.core.on_load(report, self._clock())
         self.admission.wake()
+        for request_id in ended:
+            self.placer.on_end(request_id)
         if ended:
             self.metrics.unheard_ends.labels("load_report").inc(len(ended))
             log.info(
@@ -548,6 +576,7 @@ class Router:
         target = self.core.load.worker_of(request_id)
         if worker_id is None or (target is not None and worker_of(target) == worker_id):
             self.core.on_cancel(request_id)
+            self.placer.on_end(request_id)
 
     async def on_busy_threshold(self, message: BusyThresholdsChanged) -> None:
         """A model's busy thresholds set at run time: applied unless this one is older."""

@@ -70,33 +70,34 @@ async def load_snapshot(
 
 
 class Lease:
-    """This replica's claim on the snapshot-writer key."""
+    """This replica's claim on one lease key (the snapshot writer's, unless ``key`` says)."""
 
-    def __init__(self, kv: KeyValue, holder: str) -> None:
+    def __init__(self, kv: KeyValue, holder: str, key: str = LEASE_KEY) -> None:
         self._kv = kv
         self._holder = holder.encode()
+        self._key = key
         self.revision: int | None = None
 
     async def refresh(self) -> bool:
         """Renew the lease if held, else try to take it; True while this replica holds it."""
         if self.revision is not None:
             try:
-                self.revision = await self._kv.update(LEASE_KEY, self._holder, last=self.revision)
+                self.revision = await self._kv.update(self._key, self._holder, last=self.revision)
                 return True
             except KeyWrongLastSequenceError:
-                log.warning("snapshot_lease_lost")
+                log.warning("lease_lost", key=self._key)
                 self.revision = None
         try:
-            self.revision = await self._kv.create(LEASE_KEY, self._holder)
+            self.revision = await self._kv.create(self._key, self._holder)
         except KeyWrongLastSequenceError:
             return False
-        log.info("snapshot_lease_acquired")
+        log.info("lease_acquired", key=self._key)
         return True
 
     async def release(self) -> None:
         if self.revision is not None:
             with contextlib.suppress(Exception):
-                await self._kv.delete(LEASE_KEY, last=self.revision)
+                await self._kv.delete(self._key, last=self.revision)
             self.revision = None
 
 

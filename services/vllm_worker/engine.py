@@ -29,14 +29,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import structlog
 
+from services.vllm_worker.adapters import InProcessAdapters, LoraClient
 from services.vllm_worker.kv_endpoints import KvSource
 from services.vllm_worker.kv_feeds import FedEngine, KvFeeds
 from services.vllm_worker.outputs import ChoiceDelta, DeltaTracker, logprobs_from_engine
-from services.vllm_worker.sampling import cache_salt, engine_kwargs
+from services.vllm_worker.prompt import pil_image, tokens_prompt
+from services.vllm_worker.sampling import ALL_FEATURES, VllmFeatures, cache_salt, engine_kwargs
 from services.vllm_worker.stats import SchedulerSnapshot
 from shared.hashing import salted_seed
 from shared.messages import AnyKvEvent, BlockStored
@@ -110,8 +112,10 @@ class VllmHandle:
     facts: EngineFacts
     make_sampling_params: Callable[[dict[str, Any]], Any]
     """``sampling.engine_kwargs`` → a ``vllm.SamplingParams`` (may raise ``ValueError``)."""
-    make_lora: Callable[[str], Any] | None = None
-    """A LoRA name → a ``LoRARequest`` (None: the engine serves no adapters)."""
+    make_lora: Callable[..., Any] | None = None
+    """``vllm.lora.request.LoRARequest`` (keyword arguments ``lora_name``, ``lora_int_id``,
+    ``lora_path``) when the engine runs with ``enable_lora``; None: it serves no adapters."""
+    max_loras: int = 0
     kv_sources: tuple[KvSource, ...] = ()
     """Where each data-parallel rank publishes KV events (empty: no KV events)."""
     dp_size: int = 1
@@ -119,6 +123,8 @@ class VllmHandle:
     scheduler: SchedulerSnapshot | None = None
     """Filled by the engine's stat logger, if it has one."""
     shutdown: Callable[[], Awaitable[None]] | None = None
+    features: VllmFeatures = ALL_FEATURES
+    """What the installed vLLM can do for agent requests (``loader.features``)."""
 
 
 def deltas(output: RequestOutputLike, logprobs: int | None) -> list[ChoiceDelta]:
@@ -179,6 +185,21 @@ class VllmEngine(FedEngine, StreamingEngine):
         self._handle: VllmHandle | None = None
         self._facts: EngineFacts | None = None
         self.feeds: KvFeeds | None = None
+        self._lora: InProcessAdapters | None = None
+
+    # --- LoRA adapters (shared.worker.engine.AdapterEngine; services/vllm_worker/adapters.py) -
+    def _adapters(self) -> InProcessAdapters:
+        if self._lora is None:
+            handle = self.handle
+            client = cast(LoraClient, handle.client)
+            self._lora = InProcessAdapters(client, handle.make_lora, handle.max_loras)
+        return self._lora
+
+    async def load_lora(self, name: str, path: str) -> None:
+        await self._adapters().load_lora(name, path)
+
+    async def unload_lora(self, name: str) -> None:
+        await self._adapters().unload_lora(name)
 
     @property
     def handle(self) -> VllmHandle:
@@ -223,9 +244,14 @@ class VllmEngine(FedEngine, StreamingEngine):
         handle = self.handle
         check_request(request, handle.facts.context_length, handle.dp_size)
         # raises EngineError for what vLLM cannot do
-        engine_kwargs(request.sampling, phase=request.phase, kv_transfer=request.kv_transfer_params)
-        if request.lora_name and handle.make_lora is None:
-            raise EngineError(f"LoRA adapter {request.lora_name!r} is not served by this worker")
+        engine_kwargs(
+            request.sampling,
+            phase=request.phase,
+            kv_transfer=request.kv_transfer_params,
+            features=handle.features,
+        )
+        if request.lora_name:
+            self._adapters().request_for(request.lora_name)  # EngineError: not held here
 
     def kv_dump(self, *, with_tokens: bool) -> list[BlockStored]:
         """The blocks vLLM reported and has not evicted, every rank's (none without KV
@@ -263,7 +289,10 @@ class VllmEngine(FedEngine, StreamingEngine):
         handle = self.handle
         sampling = request.sampling
         kwargs = engine_kwargs(
-            sampling, phase=request.phase, kv_transfer=request.kv_transfer_params
+            sampling,
+            phase=request.phase,
+            kv_transfer=request.kv_transfer_params,
+            features=handle.features,
         )
         try:
             params = handle.make_sampling_params(kwargs)
@@ -271,17 +300,11 @@ class VllmEngine(FedEngine, StreamingEngine):
             raise
         except (ValueError, TypeError) as exc:  # vLLM's own validation
             raise EngineError(str(exc)) from exc
-        prompt: dict[str, Any] = {"prompt_token_ids": list(request.token_ids)}
         salt = cache_salt(request.hash_seed, salted_seed(lora_name=request.lora_name))
-        if salt is not None:
-            prompt["cache_salt"] = salt
+        prompt = tokens_prompt(request, salt=salt, load_image=pil_image)  # images: decision 032
         if self.feeds is not None:
             self.feeds.hint(request)
-        lora = None
-        if request.lora_name:
-            if handle.make_lora is None:
-                raise EngineError(f"LoRA adapter {request.lora_name!r} is not served")
-            lora = handle.make_lora(request.lora_name)
+        lora = self._adapters().request_for(request.lora_name) if request.lora_name else None
         tracker = DeltaTracker(
             request.request_id,
             n=sampling.n,

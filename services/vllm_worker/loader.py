@@ -10,6 +10,14 @@ loggers.py`` ``StatLoggerBase``) copies the scheduler's stats into the handle's
 ``SchedulerSnapshot``. The engine's facts (block size, GPU blocks, context length, batch size)
 are read from its ``vllm_config`` once it has loaded.
 
+Agent requests (decision 028): the engine gets the card's reasoning parser
+(``AsyncEngineArgs(reasoning_parser=...)``, as ``vllm serve --reasoning-parser``), which gives it
+a ``ReasoningConfig`` (``thinking_token_budget`` needs one) and makes structured outputs start
+after the reasoning block (``StructuredOutputsConfig.reasoning_parser``). ``features`` reads what
+the installed vLLM can do: ``SamplingParams.thinking_token_budget`` (vLLM 0.20+) and
+``StructuredOutputsParams.structural_tag`` with xgrammar's ``format`` tags
+(``xgrammar.structural_tag.TagsWithSeparatorFormat``, xgrammar 0.1.25+).
+
 Like ``vllm serve``, the engine is built on the event loop (vLLM's client sockets belong to
 it); a worker is not registered while its engine loads.
 
@@ -23,15 +31,19 @@ endpoints by the rank (``kv_endpoints.offset_endpoint``), which it cannot do to 
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import structlog
+import vllm
 from vllm import SamplingParams
 from vllm.config import KVEventsConfig, KVTransferConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
@@ -39,12 +51,13 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from services.vllm_worker.config import VllmWorkerConfig
 from services.vllm_worker.engine import VllmHandle
 from services.vllm_worker.kv_endpoints import KvSource, loopback_sources
+from services.vllm_worker.sampling import VllmFeatures
 from services.vllm_worker.stats import SchedulerSnapshot
 from shared.worker.records import EngineFacts
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["KV_TOPIC", "load_vllm", "make_sampling_params"]
+__all__ = ["KV_TOPIC", "features", "load_vllm", "make_sampling_params"]
 
 KV_TOPIC = "kv"
 
@@ -59,6 +72,23 @@ def make_sampling_params(kwargs: dict[str, Any]) -> Any:
     if structured is not None:
         values["structured_outputs"] = StructuredOutputsParams(**structured)
     return SamplingParams(**values)
+
+
+def features() -> VllmFeatures:
+    """What the installed vLLM can do for agent requests."""
+    budget = "thinking_token_budget" in getattr(SamplingParams, "__struct_fields__", ())
+    tag_field = any(f.name == "structural_tag" for f in dataclasses.fields(StructuredOutputsParams))
+    try:
+        tags = hasattr(
+            importlib.import_module("xgrammar.structural_tag"), "TagsWithSeparatorFormat"
+        )
+    except ImportError:
+        tags = False
+    return VllmFeatures(
+        tool_tags=tag_field and tags,
+        thinking_budget=budget,
+        version=str(getattr(vllm, "__version__", "")),
+    )
 
 
 def _snapshot_logger(snapshot: SchedulerSnapshot) -> Any:
@@ -106,6 +136,11 @@ async def load_vllm(config: VllmWorkerConfig, worker_id: str) -> VllmHandle:
         sources = (KvSource(endpoint=endpoint, replay_endpoint=replay, topic=KV_TOPIC),)
     kv_transfer = config.kv_transfer()
     snapshot = SchedulerSnapshot()
+    reasoning = config.parsers()[1]
+    extra: dict[str, Any] = {"reasoning_parser": reasoning} if reasoning else {}
+    has_lora = bool(config.adapters())  # decision 031: LoRA only when adapters are configured
+    if has_lora:
+        extra.update(enable_lora=True, max_loras=config.max_loras)
     args = AsyncEngineArgs(
         model=model,
         served_model_name=[config.model_name],
@@ -126,6 +161,7 @@ async def load_vllm(config: VllmWorkerConfig, worker_id: str) -> VllmHandle:
             replay_endpoint=replay,
             topic=KV_TOPIC,
         ),
+        **extra,
     )
     log.info(
         "vllm_loading",
@@ -134,6 +170,7 @@ async def load_vllm(config: VllmWorkerConfig, worker_id: str) -> VllmHandle:
         role=config.role,
         dp_size=dp_size,
         kv_connector=kv_transfer.get("kv_connector") if kv_transfer is not None else None,
+        reasoning_parser=reasoning or None,
     )
     engine = AsyncLLM.from_engine_args(args, stat_loggers=[_snapshot_logger(snapshot)])
     vllm_config = engine.vllm_config
@@ -161,4 +198,7 @@ async def load_vllm(config: VllmWorkerConfig, worker_id: str) -> VllmHandle:
         dp_size=dp_size,
         scheduler=snapshot,
         shutdown=shutdown,
+        features=features(),
+        make_lora=LoRARequest if has_lora else None,
+        max_loras=config.max_loras if has_lora else 0,
     )

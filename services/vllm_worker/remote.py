@@ -24,6 +24,11 @@ the final ``RequestOutput`` by ``request_output_to_completion_response`` in
 ``vllm/entrypoints/openai/completion/serving.py``, read at commit
 030ea52effcb05071543c8c42b8f0145e94cee43) end the phase; a decode is the usual stream with the
 prefill's ``kv_transfer_params`` in its body.
+
+Agent requests (decision 028): what the server's vLLM can do is read from ``GET /version`` at
+start (``sampling.features_for_version``). A thinking budget and reasoning-aware structured
+output need the server started with ``--reasoning-parser`` (``qwen3``, ``deepseek_r1``: the
+card's); without it vLLM refuses a budget (a 400 here) and constrains from the first token.
 """
 
 from __future__ import annotations
@@ -39,11 +44,17 @@ from typing import Any, NoReturn
 import httpx
 import structlog
 
+from services.vllm_worker.adapters import RemoteAdapters
 from services.vllm_worker.engine import check_request
 from services.vllm_worker.kv_endpoints import rank_sources
 from services.vllm_worker.kv_feeds import FedEngine, KvFeeds
 from services.vllm_worker.outputs import ChoiceDelta, DeltaTracker, logprobs_from_http
-from services.vllm_worker.sampling import cache_salt, completions_body
+from services.vllm_worker.sampling import (
+    ALL_FEATURES,
+    cache_salt,
+    completions_body,
+    features_for_version,
+)
 from services.vllm_worker.stats import SchedulerSnapshot, parse_cache_config, parse_prometheus
 from shared.hashing import salted_seed
 from shared.messages import AnyKvEvent, BlockStored
@@ -158,10 +169,19 @@ class RemoteVllmEngine(FedEngine, StreamingEngine):
             headers=headers,
         )
         self.model = options.model
+        self.features = ALL_FEATURES
         self.facts: EngineFacts | None = None
         self.scheduler = SchedulerSnapshot()
         self.feeds: KvFeeds | None = None
         self._poller: asyncio.Task[None] | None = None
+        self._lora = RemoteAdapters(self._client)
+
+    async def load_lora(self, name: str, path: str) -> None:
+        """``vllm serve``'s ``/v1/load_lora_adapter`` (decision 031)."""
+        await self._lora.load_lora(name, path)
+
+    async def unload_lora(self, name: str) -> None:
+        await self._lora.unload_lora(name)
 
     async def start(self) -> EngineFacts:
         """Ask the server for its model and start following its KV events (once: a started
@@ -182,6 +202,7 @@ class RemoteVllmEngine(FedEngine, StreamingEngine):
         self.model = str(chosen["id"])
         options = self.options
         block_size, kv_blocks = options.block_size, options.kv_blocks
+        self.features = features_for_version(await self._version())
         geometry = await self._cache_config()
         if geometry is not None:
             if geometry[0] != block_size:
@@ -227,6 +248,20 @@ class RemoteVllmEngine(FedEngine, StreamingEngine):
             log.info("vllm_remote_waiting", url=self.options.engine_url)
             await asyncio.sleep(1.0)
 
+    async def _version(self) -> str | None:
+        """The server's vLLM version (``GET /version``; None when it does not say)."""
+        try:
+            response = await self._client.get("/version")
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        try:
+            version = response.json().get("version")
+        except (ValueError, AttributeError):
+            return None
+        return str(version) if version else None
+
     async def _cache_config(self) -> tuple[int, int] | None:
         """The server's ``(block_size, num_gpu_blocks)`` from its metrics, if it exports them."""
         try:
@@ -265,12 +300,15 @@ class RemoteVllmEngine(FedEngine, StreamingEngine):
     def check(self, request: EngineInput) -> None:
         context_length = self.facts.context_length if self.facts is not None else 0
         check_request(request, context_length, self.options.dp_size)
+        if request.images:  # decision 032: /v1/completions takes token ids, not images
+            raise EngineError("images need the in-process vLLM engine (not --remote)")
         completions_body(
             request.token_ids,
             request.sampling,
             model=self.model,
             phase=request.phase,
             kv_transfer=request.kv_transfer_params,
+            features=self.features,
         )
 
     def kv_dump(self, *, with_tokens: bool) -> list[BlockStored]:
@@ -310,6 +348,7 @@ class RemoteVllmEngine(FedEngine, StreamingEngine):
             salt=salt,
             phase=request.phase,
             kv_transfer=request.kv_transfer_params,
+            features=self.features,
         )
         if self.feeds is not None:
             self.feeds.hint(request)

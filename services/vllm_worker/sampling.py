@@ -30,20 +30,26 @@ What vLLM cannot do as JetServe asks raises ``EngineError`` (a 400) with the rea
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Any
 
 from shared.messages import Guided, SamplingParams
+from shared.structural_tags import dumps, forces_tool_calls, structural_tag, tool_calls_format
 from shared.worker.records import EngineError, EnginePhase
 
 __all__ = [
     "OUTPUT_KIND_DELTA",
     "PREFILL_KV_TRANSFER_PARAMS",
     "SALT_PREFIX",
+    "VllmFeatures",
     "cache_salt",
     "completions_body",
     "engine_kwargs",
+    "features_for_version",
     "kv_transfer_params",
     "structured_outputs",
+    "thinking_budget",
 ]
 
 OUTPUT_KIND_DELTA = "DELTA"
@@ -89,32 +95,86 @@ def cache_salt(hash_seed: int, default_seed: int) -> str | None:
     return f"{SALT_PREFIX}{hash_seed:x}"
 
 
-def structured_outputs(guided: Guided | None) -> dict[str, Any] | None:
+@dataclass(frozen=True, slots=True)
+class VllmFeatures:
+    """What the vLLM behind a worker can do for agent requests (``loader.features`` reads them
+    from the installed vLLM; ``features_for_version`` from a remote server's ``/version``)."""
+
+    tool_tags: bool = True
+    """``StructuredOutputsParams.structural_tag`` with xgrammar's ``format`` tags (vLLM 0.11+,
+    xgrammar 0.1.25+): ``tool_choice`` required or named."""
+    thinking_budget: bool = True
+    """``SamplingParams.thinking_token_budget`` (vLLM 0.20+): ``max_thinking_tokens``."""
+    version: str = ""
+    """The vLLM version, for error messages (empty: unknown)."""
+
+
+ALL_FEATURES = VllmFeatures()
+THINKING_BUDGET_SINCE = (0, 20)
+TOOL_TAGS_SINCE = (0, 11)
+
+
+def features_for_version(version: str | None) -> VllmFeatures:
+    """What a vLLM of ``version`` (``GET /version``'s) can do; unknown: assume everything and
+    let the server refuse what it cannot."""
+    if not version:
+        return ALL_FEATURES
+    match = re.match(r"v?(\d+)\.(\d+)", version)
+    if match is None:
+        return VllmFeatures(version=version)
+    release = (int(match[1]), int(match[2]))
+    return VllmFeatures(
+        tool_tags=release >= TOOL_TAGS_SINCE,
+        thinking_budget=release >= THINKING_BUDGET_SINCE,
+        version=version,
+    )
+
+
+def _too_old(what: str, since: tuple[int, int], features: VllmFeatures) -> EngineError:
+    running = f"vLLM {features.version}" if features.version else "this vLLM"
+    return EngineError(
+        f"{what} needs vLLM {since[0]}.{since[1]} or newer; the worker runs {running}"
+    )
+
+
+def structured_outputs(
+    guided: Guided | None, features: VllmFeatures = ALL_FEATURES
+) -> dict[str, Any] | None:
     """``StructuredOutputsParams`` fields for ``guided`` (None: unconstrained).
 
-    vLLM constrains the whole output; a constraint that must start after a reasoning block, or
-    a tool call in the model's own syntax, is not something it can express here.
+    ``tool_choice`` required or named: a structural tag of the calls in the model's own syntax
+    (``shared.structural_tags``), as vLLM's OpenAI server builds it; ``response_format`` is then
+    dropped, as there. With a reasoning parser on the engine (``--reasoning-parser``), vLLM
+    applies the constraint only after the reasoning block (``StructuredOutputsConfig.
+    reasoning_parser``).
     """
     if guided is None:
         return None
-    constrained = guided.json_schema is not None or guided.json_object
-    if guided.tools and guided.tool_choice not in ("auto", "none"):
-        raise EngineError(
-            f"tool_choice={guided.tool_choice!r} is not supported by the vLLM worker: vLLM cannot "
-            "constrain a tool call to the model's tool-call syntax"
-        )
-    if guided.max_thinking_tokens is not None:
-        raise EngineError("max_thinking_tokens is not supported by the vLLM worker")
-    if constrained and guided.thinking:
-        raise EngineError(
-            "response_format with a reasoning model is not supported by the vLLM worker: the "
-            "constraint would apply to the reasoning block too"
-        )
+    if forces_tool_calls(guided):
+        if not features.tool_tags:
+            raise _too_old(f"tool_choice={guided.tool_choice!r}", TOOL_TAGS_SINCE, features)
+        try:
+            calls = tool_calls_format(guided)
+        except ValueError as exc:  # NoToolTag: a syntax without a tag (mistral)
+            raise EngineError(f"{exc} (vLLM worker)") from None
+        tag = structural_tag([calls])
+        return {"structural_tag": dumps(tag)} if tag is not None else None
     if guided.json_schema is not None:
         return {"json": guided.json_schema}
     if guided.json_object:
         return {"json_object": True}
     return None
+
+
+def thinking_budget(guided: Guided | None, features: VllmFeatures = ALL_FEATURES) -> int | None:
+    """``thinking_token_budget`` for ``max_thinking_tokens`` (None: no budget). A model with no
+    reasoning syntax writes no reasoning block, so its budget holds without one (vLLM would
+    refuse a budget on an engine without a reasoning parser)."""
+    if guided is None or guided.max_thinking_tokens is None or not guided.reasoning_syntax:
+        return None
+    if not features.thinking_budget:
+        raise _too_old("max_thinking_tokens", THINKING_BUDGET_SINCE, features)
+    return max(0, guided.max_thinking_tokens)
 
 
 def _check(sampling: SamplingParams, phase: EnginePhase = "both") -> None:
@@ -168,9 +228,11 @@ def engine_kwargs(
     *,
     phase: EnginePhase = "both",
     kv_transfer: dict[str, Any] | None = None,
+    features: VllmFeatures = ALL_FEATURES,
 ) -> dict[str, Any]:
     """Keyword arguments for ``vllm.SamplingParams`` (see the module docstring); ``kv_transfer``:
-    a decode phase's ``EngineInput.kv_transfer_params``."""
+    a decode phase's ``EngineInput.kv_transfer_params``; ``features``: what the installed vLLM
+    can do (``EngineError`` for what a request needs and it lacks)."""
     _check(sampling, phase)
     out = _common(sampling)
     _prefill_only(out, phase)
@@ -179,9 +241,12 @@ def engine_kwargs(
         out["extra_args"] = {"kv_transfer_params": params}
     if sampling.logit_bias:
         out["logit_bias"] = {int(k): float(v) for k, v in sampling.logit_bias.items()}
-    structured = structured_outputs(sampling.guided)
+    structured = structured_outputs(sampling.guided, features)
     if structured is not None:
         out["structured_outputs"] = structured
+    budget = thinking_budget(sampling.guided, features)
+    if budget is not None:
+        out["thinking_token_budget"] = budget
     out["output_kind"] = OUTPUT_KIND_DELTA
     out["detokenize"] = False  # JetServe detokenizes in the formatter
     out["skip_special_tokens"] = False
@@ -196,6 +261,7 @@ def completions_body(
     salt: str | None = None,
     phase: EnginePhase = "both",
     kv_transfer: dict[str, Any] | None = None,
+    features: VllmFeatures = ALL_FEATURES,
 ) -> dict[str, Any]:
     """The JSON body of a streaming token-in/token-out ``/v1/completions`` request (a prefill
     phase's is not streamed: see the module docstring).
@@ -221,9 +287,12 @@ def completions_body(
         body["logit_bias"] = {str(k): float(v) for k, v in sampling.logit_bias.items()}
     if sampling.logprobs is not None:
         body["return_tokens_as_token_ids"] = True
-    structured = structured_outputs(sampling.guided)
+    structured = structured_outputs(sampling.guided, features)
     if structured is not None:
         body["structured_outputs"] = structured
+    budget = thinking_budget(sampling.guided, features)
+    if budget is not None:
+        body["thinking_token_budget"] = budget
     if salt is not None:
         body["cache_salt"] = salt
     _prefill_only(body, phase)

@@ -152,6 +152,17 @@ class WorkerRegistration:
         await self._beat()
         self._task = asyncio.create_task(self._loop(), name="worker-heartbeat")
 
+    @property
+    def card(self) -> WorkerCard:
+        return self._card
+
+    async def update(self, card: WorkerCard) -> None:
+        """Replace the card (same worker; its start time kept) and put it at once if registered,
+        so readers see the change now rather than at the next heartbeat."""
+        self._card = msgspec.structs.replace(card, started_at=self._card.started_at)
+        if self._kv is not None and self._task is not None:
+            await self._beat()
+
     async def _beat(self) -> None:
         assert self._kv is not None
         now = time.time()

@@ -10,10 +10,12 @@ from typing import ClassVar
 
 from shared.config import CommonConfig, setting
 from shared.kv_stream import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES
+from shared.lora import LoraModule, parse_lora_modules
 from shared.messages import WORKER_ROLES
 from shared.model_dir import DEFAULT_MODEL_NAME, default_model_dir, ensure_default_model_dir
 from shared.registry import DEFAULT_WORKER_TTL_S
 from shared.subjects import check_token
+from shared.worker.health import DEFAULT_PAYLOAD, check_payload
 from shared.worker.parsers import AUTO, NONE, REASONING_PARSERS, TOOL_PARSERS, resolve_parsers
 
 __all__ = ["WorkerConfig", "default_model_dir"]
@@ -80,11 +82,56 @@ class WorkerConfig(CommonConfig):
         "none = the model does not reason)",
         choices=(AUTO, NONE, *REASONING_PARSERS),
     )
+    lora_modules: str = setting(
+        "",
+        "LoRA adapters to hold from the start, vLLM's syntax: name=path or a JSON object "
+        '{"name": ..., "path": ..., "base_model_name": ...}, several after one flag '
+        "(the env var: separated by spaces, commas or newlines)",
+        many=True,
+    )
+    max_loras: int = setting(
+        1,
+        "LoRA adapters the engine keeps loaded at once (vLLM's --max-loras); the others it "
+        "holds are swapped in on demand, the least recently used out",
+        ge=1,
+    )
+    health_check_idle_s: float = setting(
+        10.0,
+        "Engine health canary (Dynamo's DYN_CANARY_WAIT_TIME): after this many seconds with "
+        "nothing to do, the worker runs --health-check-payload through its engine (0 = no "
+        "canary)",
+        ge=0,
+    )
+    health_check_timeout_s: float = setting(
+        3.0,
+        "A canary not finished within this many seconds marks the engine unhealthy: the worker "
+        "leaves the registry and stops answering probes, so its requests migrate (Dynamo's "
+        "DYN_HEALTH_CHECK_REQUEST_TIMEOUT)",
+        gt=0,
+    )
+    health_check_payload: str = setting(
+        DEFAULT_PAYLOAD,
+        'The canary\'s request as JSON: {"token_ids": [...], "sampling": {SamplingParams}} '
+        "(Dynamo's DYN_HEALTH_CHECK_PAYLOAD)",
+        parse=check_payload,
+    )
+    engine_stall_s: float = setting(
+        30.0,
+        "Progress watchdog: an engine with requests that hands over no output and takes no "
+        "step for this many seconds is unhealthy, as for a missed canary. Keep it above the "
+        "longest prefill step (0 = no watchdog)",
+        ge=0,
+    )
 
     def __post_init__(self) -> None:
         CommonConfig.__post_init__(self)
         if self.worker_id:
             check_token(self.worker_id, f"--worker-id / JETSERVE_{self.SERVICE.upper()}_WORKER_ID")
+        self.adapters()  # a bad --lora-modules stops the worker at start, naming the item
+
+    def adapters(self) -> tuple[LoraModule, ...]:
+        """The ``--lora-modules`` adapters, parsed (``ValueError`` naming a bad item)."""
+        return parse_lora_modules(self.lora_modules)
 
     def worker_ids(self) -> list[str]:
         """The ids of the workers this process hosts."""

@@ -19,13 +19,13 @@ Two ways to drive an engine, both behind ``WorkerEngine.run``:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from shared.errors import ServiceError
 from shared.messages import AnyKvEvent, BlockStored
 from shared.worker.records import Emission, EngineFacts, EngineInput, EngineLoad, EngineStats
 
-__all__ = ["EmissionSink", "WorkerEngine"]
+__all__ = ["AdapterEngine", "EmissionSink", "WorkerEngine"]
 
 
 class EmissionSink(Protocol):
@@ -128,4 +128,20 @@ class WorkerEngine(Protocol):
 
     async def run(self, sink: EmissionSink) -> None:
         """Run until no request is left, handing every emission to ``sink``."""
+        ...
+
+
+@runtime_checkable
+class AdapterEngine(Protocol):
+    """An engine that serves LoRA adapters (the mocker, vLLM). The runtime keeps which adapters
+    the worker holds (its card) and calls these; an engine without them serves none, and a
+    worker given ``--lora-modules`` over it stops at start saying so (decision 031)."""
+
+    async def load_lora(self, name: str, path: str) -> None:
+        """Hold adapter ``name`` from ``path`` (vLLM: ``add_lora``, which pre-loads it);
+        raise ``EngineError`` when it cannot be loaded (no such adapter, a bad rank)."""
+        ...
+
+    async def unload_lora(self, name: str) -> None:
+        """Stop holding ``name`` (vLLM: ``remove_lora``); requests running on it finish."""
         ...

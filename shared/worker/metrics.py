@@ -47,6 +47,19 @@ class WorkerMetrics:
             labels,
             registry=registry,
         )
+        self.engine_healthy = Gauge(
+            f"{p}_engine_healthy",
+            "1 while the engine passes its health checks, 0 after a miss (decision 029)",
+            labels,
+            registry=registry,
+        )
+        self.engine_unhealthy = Counter(
+            f"{p}_engine_unhealthy",
+            "Times the engine was found unhealthy, by reason (canary_timeout, canary_failed, "
+            "engine_stalled)",
+            [*labels, "reason"],
+            registry=registry,
+        )
         self._seen: dict[str, EngineStats] = {}
 
     def observe(self, worker_id: str, load: EngineLoad, stats: EngineStats) -> None:

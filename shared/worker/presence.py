@@ -45,6 +45,16 @@ class WorkerPresence:
             )
         )
 
+    def card(self, worker_id: str) -> WorkerCard:
+        """The card registered (or to be) for ``worker_id``."""
+        return next(r.card for r in self._registrations if r.card.worker_id == worker_id)
+
+    async def update_card(self, card: WorkerCard) -> None:
+        """Replace the card of ``card.worker_id`` (put at once once announced)."""
+        for registration in self._registrations:
+            if registration.card.worker_id == card.worker_id:
+                await registration.update(card)
+
     async def subscribe(self, subject: str, callback: Callback) -> Subscription:
         """Subscribe ``callback`` to ``subject`` (kept for ``unsubscribe``)."""
         sub = await self._nc.subscribe(subject, cb=callback)

@@ -21,6 +21,7 @@ from shared.metrics import ServiceMetrics
 from shared.model_dir import context_length, eos_token_ids
 from shared.registry import publish_model
 from shared.subjects import Subjects
+from shared.vision_model import vision_spec
 from shared.worker.config import WorkerConfig
 from shared.worker.engine import WorkerEngine
 from shared.worker.metrics import WorkerMetrics
@@ -50,6 +51,7 @@ def model_card(
         tool_parser=tool_parser,
         reasoning_parser=reasoning_parser,
         kv_block_size=block_size,
+        vision=vision_spec(model_dir),
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from shared.messages import FinishReason, SamplingParams, TokenLogprob
+from shared.messages import FinishReason, ImageInput, SamplingParams, TokenLogprob
 
 EnginePhase = Literal["both", "prefill", "decode"]
 
@@ -33,6 +33,9 @@ class EngineInput:
     before decoding. ``both``: aggregated."""
     kv_transfer_params: dict[str, Any] | None = None
     """Decode phase: the prefill engine's ``kv_transfer_params`` (``KvTransfer.params``)."""
+    images: tuple[ImageInput, ...] = ()
+    """The prompt's images (``Generate.images``): their hashes go into the hashes of the blocks
+    holding their placeholder tokens; engines that need pixels read ``data``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -34,6 +34,7 @@ import nats.errors
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from structlog.contextvars import bound_contextvars
 
 from shared import codec
@@ -55,6 +56,7 @@ from shared.messages import (
     Cancel,
     Generate,
     KvRelease,
+    LoraCommand,
     TokenBatch,
     WorkerCard,
     WorkerPing,
@@ -64,10 +66,13 @@ from shared.pings import answer_ping
 from shared.recent import RecentIds
 from shared.subjects import Subjects
 from shared.tasks import TaskSet
+from shared.worker.adapters import LORA_COMMANDS, WorkerAdapters
+from shared.worker.canary import EngineWatch
 from shared.worker.config import WorkerConfig
 from shared.worker.engine import WorkerEngine
 from shared.worker.grace import FORMATTER_GRACE_S, FormatterGrace, Grace
 from shared.worker.handoff import PREFILL_CANCELLED, Handoffs, RequestCancelled
+from shared.worker.health import HealthSettings, parse_payload
 from shared.worker.metrics import WorkerMetrics
 from shared.worker.outbox import Outbox
 from shared.worker.presence import WorkerPresence
@@ -79,6 +84,11 @@ log = structlog.get_logger(__name__)
 
 FORMATTER_PING_TIMEOUT_S = 0.5
 """At the end of a grace: a formatter that does not answer within this is gone (or hung)."""
+WITHDRAW_AFTER_S = 1.0
+"""An unhealthy engine's worker leaves the registry this long after it stops answering probes:
+routers with requests on it probe every 0.25 s and check "no responders" again 0.3 s later
+(decision 018) before they publish ``WorkerLost``; a slower router leaves those requests to
+the formatters' stall check (2 s without a batch, then ``WorkerPing``: no responders)."""
 
 
 def _reply_to(gen: Generate) -> str:
@@ -131,6 +141,10 @@ class WorkerRuntime:
         """Cancels for requests not (yet) here: a Generate that arrives after its cancel."""
         self._speculation = Speculation()
         """Turns that asked to warm their session's next turn, and those warm-ups running."""
+        self.adapters = WorkerAdapters(
+            worker_id, config.model_name, engine, config.max_loras, self._put_card
+        )
+        """The LoRA adapters this worker holds (decision 031)."""
         self._presence = WorkerPresence(
             nc, subjects, ttl_s=config.worker_ttl_s, replicas=config.js_replicas
         )
@@ -141,6 +155,23 @@ class WorkerRuntime:
         self._idle.set()
         self._accepting = False
         self._loop_task: asyncio.Task[None] | None = None
+        self._ping_sub: Subscription | None = None
+        """None while the engine is unhealthy: routers' probes get "no responders"."""
+        self._watch = EngineWatch(
+            worker_id,
+            HealthSettings(
+                idle_s=config.health_check_idle_s,
+                timeout_s=config.health_check_timeout_s,
+                stall_s=config.engine_stall_s,
+            ),
+            parse_payload(config.health_check_payload),
+            busy=lambda: self.engine.has_work,
+            submit=self._submit_canary,
+            on_unhealthy=self._engine_unhealthy,
+            on_recovered=self._engine_recovered,
+            metrics=metrics,
+        )
+        """The engine's canary and progress watchdog (``shared.worker.canary``, decision 029)."""
 
     async def prepare(self) -> None:
         """Start the engine (load weights, connect) and build the card from its facts."""
@@ -163,7 +194,8 @@ class WorkerRuntime:
             role=role,
             dp_size=self._config.data_parallel_size,
         )
-        self._presence.add_card(card)
+        await self.adapters.load_static(self._config.adapters())
+        self._presence.add_card(self.adapters.on_card(card))
         self._prepared = True
 
     async def start(self) -> None:
@@ -192,15 +224,21 @@ class WorkerRuntime:
         with bound_contextvars(worker_id=self.worker_id):
             await subscribe(self._subjects.generate(self.worker_id), on_generate)
             await subscribe(self._subjects.cancel, on_cancel)
-            await subscribe(self._subjects.worker_ping(self.worker_id), self._on_ping)
+            self._ping_sub = await subscribe(
+                self._subjects.worker_ping(self.worker_id), self._on_ping
+            )
             await subscribe(self._subjects.kv_release(self.worker_id), on_release)
+            await subscribe(self._subjects.worker_lora(self.worker_id), self._on_lora)
             self._loop_task = asyncio.create_task(self._loop(), name=f"engine-{self.worker_id}")
         await self._presence.announce()  # subscribed on the server before the card says "ready"
+        with bound_contextvars(worker_id=self.worker_id):
+            self._watch.start()
         log.info("worker_started", worker_id=self.worker_id, model=self._config.model_name)
 
     async def stop(self, grace_s: float) -> None:
         """Leave the registry, stop taking work, finish in-flight work (bounded), then stop."""
         self._accepting = False
+        await self._watch.stop()
         await self._presence.withdraw()
         subs = self._presence.subs
         if subs:  # drain: a Generate already delivered is answered (shutting_down)
@@ -280,6 +318,8 @@ class WorkerRuntime:
     def _admit(self, gen: Generate) -> None:
         if not self._accepting:
             raise ShuttingDown(f"worker {self.worker_id} is shutting down")
+        if not self._watch.healthy:  # retryable: the formatter routes it elsewhere
+            raise ShuttingDown(f"worker {self.worker_id}'s engine is unhealthy")
         if gen.model != self._config.model_name:
             raise ModelNotFound(gen.model)
         dp_rank = gen.dp_rank
@@ -314,6 +354,7 @@ class WorkerRuntime:
             )
         routing = gen.routing
         lora_name = routing.lora_name if routing else None
+        self.adapters.check(lora_name)
         seed = salted_seed(lora_name=lora_name, cache_salt=routing.cache_salt if routing else None)
         transfer = gen.kv_transfer
         request = EngineInput(
@@ -326,6 +367,7 @@ class WorkerRuntime:
             dp_rank=dp_rank,
             phase="prefill" if gen.prefill_to else "decode" if transfer is not None else "both",
             kv_transfer_params=transfer.params if transfer is not None else None,
+            images=gen.images,
         )
         try:
             self.engine.add(request)
@@ -409,6 +451,11 @@ class WorkerRuntime:
     # --- EmissionSink: what the engine's run hands over ---------------------------------------
 
     def add(self, emission: Emission) -> bool:
+        if emission.token_ids or emission.finish_reason != "cancelled":
+            self._watch.progress += 1  # not a cancel's emission: the engine made progress
+        if self._watch.owns(emission.request_id):
+            self._watch.ended(emission)
+            return False
         if self._speculation:
             self._speculation.add(emission)
         if self._prefills and emission.request_id in self._prefills:
@@ -421,6 +468,9 @@ class WorkerRuntime:
     async def fail(self, request_id: str, error: ServiceError) -> None:
         """End a request typed on its stream: what it emitted goes first, then the error (a
         prefill phase: the error goes to its router)."""
+        if self._watch.owns(request_id):
+            self._watch.failed(request_id, error.code)
+            return
         if self._speculation:
             self._speculation.forget(request_id)
         if self._handoffs.fail(request_id, error):
@@ -438,15 +488,20 @@ class WorkerRuntime:
 
     async def kv_pulled(self, request_id: str, pulled_blocks: int) -> None:
         """A decode phase's blocks are here: its prefill worker may unpin them."""
+        self._watch.progress += 1
         subject = self._handoffs.pop_release(request_id)
         if subject is not None:
             await self._release(subject, request_id, pulled_blocks)
 
     def collect(self) -> None:
+        self._watch.progress += 1
         self.publisher.collect_kv_events()
 
     async def progress(self) -> None:
+        self._watch.progress += 1
         self.publisher.collect_kv_events()
+        if self._watch.canary_id and not self._outbox and not self._prefills:
+            return  # only the canary runs: it is never load to routers
         await self.publisher.report_load()
 
     async def phases(self, emissions: Sequence[Emission]) -> None:
@@ -454,6 +509,9 @@ class WorkerRuntime:
         its last choice)."""
         for e in emissions:
             if self._speculation and self._speculative(e):
+                continue
+            if self._watch.owns(e.request_id):  # the canary has no lifecycle
+                self._watch.ended(e)
                 continue
             if e.index == 0 and e.token_ids and e.choice == 0:
                 rank = self._handoffs.rank(e.request_id)
@@ -524,7 +582,60 @@ class WorkerRuntime:
                         choice=batch.choice,
                     )
 
+    # --- engine health: the canary and the watchdog's verdicts (decision 029) --------------------
+
+    def _submit_canary(self, request: EngineInput) -> None:
+        """Hand the canary to the engine (``EngineError`` if refused) and wake the loop; not
+        ``_idle``: a drain never waits for it."""
+        stats = self.engine.stats
+        before = stats.prompt_tokens
+        self.engine.add(request)
+        # no user's prompt: out of the prompt-token counter (engines count at ``add``)
+        stats.prompt_tokens = max(before, stats.prompt_tokens - len(request.token_ids))
+        self._wake.set()
+
+    async def _engine_unhealthy(self, reason: str) -> None:
+        """The engine missed a check: stop answering probes, so routers find this worker lost
+        and name its requests in ``WorkerLost`` (formatters migrate them, decision 017); then
+        leave the registry (a router drops a worker whose card is gone without probing it)."""
+        sub, self._ping_sub = self._ping_sub, None
+        if sub is not None:
+            with contextlib.suppress(ValueError):
+                self._presence.subs.remove(sub)
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        await asyncio.sleep(WITHDRAW_AFTER_S)  # meanwhile new requests are refused, retryable
+        await self._presence.withdraw()
+        log.warning("worker_withdrawn", worker_id=self.worker_id, reason=reason)
+
+    async def _engine_recovered(self) -> None:
+        """The engine finished a canary again: answer probes and register again (routers take
+        back a lost worker whose card is newer than its loss)."""
+        if not self._accepting or self._ping_sub is not None:
+            return  # draining: stay out
+        with bound_contextvars(worker_id=self.worker_id):
+            self._ping_sub = await self._presence.subscribe(
+                self._subjects.worker_ping(self.worker_id), self._on_ping
+            )
+        await self._presence.announce()
+        log.info("worker_rejoined", worker_id=self.worker_id)
+
     # --- liveness: pings and bounces (decision 018) -----------------------------------------------
+
+    async def _put_card(self, card: WorkerCard) -> None:
+        await self._presence.update_card(card)
+
+    async def _on_lora(self, msg: Msg) -> None:
+        """``LoadLoraAdapter`` / ``UnloadLoraAdapter`` (``shared.worker.adapters``)."""
+        try:
+            command: LoraCommand = LORA_COMMANDS.decode(msg.data)
+        except codec.DecodeError as exc:
+            log.warning("bad_lora_command", error=str(exc))
+            return
+        answer = await self.adapters.handle(command, self._presence.card(self.worker_id))
+        if msg.reply:
+            with contextlib.suppress(nats.errors.Error):
+                await msg.respond(codec.encode(answer))
 
     async def _on_ping(self, msg: Msg) -> None:
         """A router's probe or a formatter's ``WorkerPing`` (``shared.pings``)."""

@@ -1,6 +1,7 @@
-"""The OpenAI Responses API end to end (stateless ``/v1/responses``): every service a process,
-the official ``openai`` client, streaming and not, with a function tool; every object and event
-as the wire carries it checked against the OpenResponses schema."""
+"""The OpenAI Responses API end to end (``/v1/responses``; stored turns are in
+test_responses_state.py): every service a process, the official ``openai`` client, streaming
+and not, with a function tool; every object and event as the wire carries it checked against
+the OpenResponses schema."""
 
 from __future__ import annotations
 
@@ -144,12 +145,12 @@ async def test_a_required_function_tool_is_called_in_both_modes(
     assert follow.output_text
 
 
-async def test_previous_response_id_and_unknown_model_are_refused(
+async def test_unknown_previous_response_id_and_unknown_model_are_refused(
     client: openai.AsyncOpenAI, stack: Stack
 ) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         await client.responses.create(model=MODEL, input="hi", previous_response_id="resp_x")
-    assert "stateless" in bad.value.message
+    assert bad.value.code == "previous_response_not_found"
     with pytest.raises(openai.NotFoundError):
         await client.responses.create(model="no-such-model", input="hi")
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=10) as http:

@@ -1,10 +1,14 @@
 """``HfEngine`` alone, on the tiny random Qwen3 (CPU): real forward passes through transformers'
 continuous batching, driven the way the worker runtime drives it (``add`` then ``run`` with a
-sink)."""
+sink). Each test runs twice: with the engine in a process of its own (the default) and in threads
+of this one (``own_process=False``). Then what happens when the engine process dies, or its
+worker does."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -17,7 +21,7 @@ import pytest_asyncio
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from services.hf_worker.engine import HfEngine, HfEngineOptions
+from services.hf_worker.engine import HfEngine, HfEngineOptions, ProcessCore
 from shared.errors import ServiceError
 from shared.messages import SamplingParams
 from shared.worker.records import Emission, EngineError, EngineInput
@@ -56,6 +60,9 @@ class Sink:
     async def progress(self) -> None:
         return None
 
+    async def kv_pulled(self, request_id: str, pulled_blocks: int) -> None:
+        return None
+
     def of(self, request_id: str) -> list[Emission]:
         return [e for _, e in self.emissions if e.request_id == request_id]
 
@@ -69,20 +76,25 @@ def request(
     return EngineInput(request_id=rid, token_ids=prompt, sampling=sampling, hash_seed=0)
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def engine(tiny_model_dir: Path) -> AsyncIterator[HfEngine]:
-    eng = HfEngine(
-        HfEngineOptions(
-            model_dir=tiny_model_dir,
-            random_weights=True,
-            device="cpu",
-            block_size=16,
-            num_blocks=128,
-            max_batch_tokens=256,
-            max_num_seqs=8,
-            seed=3,
-        )
+def options(model_dir: Path, *, own_process: bool = True) -> HfEngineOptions:
+    return HfEngineOptions(
+        model_dir=model_dir,
+        random_weights=True,
+        device="cpu",
+        block_size=16,
+        num_blocks=128,
+        max_batch_tokens=256,
+        max_num_seqs=8,
+        seed=3,
+        own_process=own_process,
     )
+
+
+@pytest_asyncio.fixture(
+    loop_scope="module", scope="module", params=[True, False], ids=["own-process", "threads"]
+)
+async def engine(tiny_model_dir: Path, request: pytest.FixtureRequest) -> AsyncIterator[HfEngine]:
+    eng = HfEngine(options(tiny_model_dir, own_process=request.param))
     facts = await eng.start()
     assert facts.kind == "hf"
     assert facts.kv_events is False
@@ -226,3 +238,100 @@ async def test_refuses_what_it_cannot_run(engine: HfEngine) -> None:
     with pytest.raises(EngineError, match="at least one token"):
         engine.add(request("r4", prompt=()))
     assert not engine.has_work
+
+
+async def test_the_engine_runs_in_a_process_of_its_own(tiny_model_dir: Path) -> None:
+    eng = HfEngine(options(tiny_model_dir))
+    await eng.start()
+    try:
+        assert isinstance(eng.core, ProcessCore)
+        process = eng.core.process
+        assert process is not None
+        assert process.pid != os.getpid()
+        assert process.poll() is None
+        assert len((await run(eng, request("own1"))).tokens("own1")) == GREEDY.max_tokens
+    finally:
+        await eng.stop()
+    assert process.poll() == 0, "a stopped engine process exits cleanly"
+
+
+async def test_an_engine_process_that_dies_fails_its_requests_and_says_so(
+    tiny_model_dir: Path,
+) -> None:
+    gone: list[str] = []
+    eng = HfEngine(options(tiny_model_dir), on_core_exit=gone.append)
+    await eng.start()
+    try:
+        assert isinstance(eng.core, ProcessCore)
+        process = eng.core.process
+        assert process is not None
+        sink = Sink()
+        eng.add(request("d1", SamplingParams(max_tokens=1500, temperature=1.0)))
+        runner = asyncio.create_task(eng.run(sink))
+        await eventually_async(
+            lambda: len(sink.tokens("d1")) >= 2,
+            timeout_s=30,
+            interval_s=0.005,
+            message="no tokens came before the kill",
+        )
+        process.kill()
+        await asyncio.wait_for(runner, timeout=30)
+        assert "d1" in sink.failures, "the request of a dead engine was not failed"
+        assert len(gone) == 1
+        assert "exited" in gone[0], gone
+        assert eng.core_exited == gone[0]
+        failed = Sink()
+        eng.add(request("d2"))
+        await asyncio.wait_for(eng.run(failed), timeout=30)
+        assert "d2" in failed.failures, "a dead engine took a new request"
+    finally:
+        await eng.stop()
+
+
+async def test_the_engine_process_ends_with_its_worker(tiny_model_dir: Path) -> None:
+    """A worker killed outright (SIGKILL: no stop message) leaves no engine process behind."""
+    code = (
+        "import asyncio\n"
+        "from pathlib import Path\n"
+        "from tests.engines.test_hf_engine import options\n"
+        "from services.hf_worker.engine import HfEngine\n"
+        "async def main():\n"
+        f"    eng = HfEngine(options(Path({str(tiny_model_dir)!r})))\n"
+        "    await eng.start()\n"
+        "    print('ENGINE_PID', eng.core.process.pid, flush=True)\n"
+        "    await asyncio.sleep(600)\n"
+        "asyncio.run(main())\n"
+    )
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, cwd=Path.cwd()
+    )
+    try:
+        assert worker.stdout is not None
+        engine_pid = 0
+        async with asyncio.timeout(120):
+            while not engine_pid:
+                line = (await worker.stdout.readline()).decode()
+                assert line, "the worker exited before its engine started"
+                if line.startswith("ENGINE_PID "):
+                    engine_pid = int(line.split()[1])
+        assert _alive(engine_pid)
+        worker.kill()
+        await asyncio.wait_for(worker.wait(), timeout=30)
+        await eventually_async(
+            lambda: not _alive(engine_pid),
+            timeout_s=30,
+            message=f"engine process {engine_pid} outlived its killed worker",
+        )
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+            await worker.wait()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not: it has exited, its parent has not reaped it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -2,7 +2,8 @@
 tiny Qwen3 on the CPU), the one serving a greedy stream SIGKILLed mid-stream; the request goes on
 on the other worker, its earlier output resumed as prompt, and the client's text equals the same
 request's text without a kill, token for token (a real forward pass over the resumed prompt
-gives what the killed worker would have)."""
+gives what the killed worker would have). The same when only the worker's engine process is
+killed: the worker goes down with it (decision 033) and the request migrates the same way."""
 
 from __future__ import annotations
 
@@ -37,21 +38,26 @@ def two_workers(tmp_path: Path, tiny_model_dir: Path) -> Iterator[Stack]:
         yield stack
 
 
-def _worker_pid(stack: Stack, worker_id: str) -> int:
-    """The pid of the ``hf_worker`` process that logged ``worker_started`` for ``worker_id``."""
+def _pid(stack: Stack, worker_id: str, what: str) -> int:
+    """The pid of the ``hf_worker`` process that logged ``worker_started`` for ``worker_id``
+    (``what`` "worker"), or of the engine process it started (``what`` "engine")."""
     for child in stack.children:
         if not child.name.startswith("hf_worker") or child.log_path is None:
             continue
-        for line in child.log_path.read_text().splitlines():
-            if '"worker_started"' in line and json.loads(line)["worker_id"] == worker_id:
+        lines = [json.loads(x) for x in child.log_path.read_text().splitlines() if x[:1] == "{"]
+        if any(x["event"] == "worker_started" and x["worker_id"] == worker_id for x in lines):
+            if what == "worker":
                 return child.proc.pid
+            [engine] = [x["pid"] for x in lines if x["event"] == "hf_engine_process_started"]
+            return int(engine)
     raise AssertionError(f"no process logged worker_started for {worker_id}")
 
 
 async def _stream(
-    stack: Stack, request_id: str, kill_after: int = 0
+    stack: Stack, request_id: str, kill_after: int = 0, kill: str = "worker"
 ) -> tuple[str, Any, list[Migrated]]:
-    """One greedy stream; with ``kill_after``, SIGKILL its worker after that many chunks."""
+    """One greedy stream; with ``kill_after``, SIGKILL its worker (or its engine process) after
+    that many chunks."""
     nc = await nats.connect(stack.nats_url)
     decisions: dict[str, str] = {}
     migrations: list[Migrated] = []
@@ -91,11 +97,11 @@ async def _stream(
             text.extend(choice.text for choice in chunk.choices)
             chunks += 1
             if kill_after and chunks == kill_after:
-                os.kill(_worker_pid(stack, decisions[request_id]), signal.SIGKILL)
+                os.kill(_pid(stack, decisions[request_id], kill), signal.SIGKILL)
         if kill_after:
             await eventually_async(
                 lambda: migrations,
-                timeout_s=5,
+                timeout_s=15,
                 interval_s=0.1,
                 message="no Migrated on the bus after the worker was killed",
             )
@@ -105,11 +111,12 @@ async def _stream(
         await nc.close()
 
 
+@pytest.mark.parametrize("kill", ["worker", "engine"])
 async def test_a_greedy_stream_whose_worker_is_killed_goes_on_with_the_same_text(
-    two_workers: Stack,
+    two_workers: Stack, kill: str
 ) -> None:
     reference, reference_usage, _ = await _stream(two_workers, "reference")
-    text, usage, migrations = await _stream(two_workers, "migrated", kill_after=10)
+    text, usage, migrations = await _stream(two_workers, "migrated", kill_after=10, kill=kill)
     assert reference_usage.completion_tokens == MAX_TOKENS
     assert usage.completion_tokens == MAX_TOKENS
     assert text == reference

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
+from services.hf_worker.core_wire import CoreOutput
 from services.hf_worker.model import cb_sizes, resolve_device, resolve_dtype
-from services.hf_worker.outputs import OutputView, RequestCursor, blocks_in_use
+from services.hf_worker.outputs import RequestCursor, blocks_in_use, merged
 from services.hf_worker.sampling import cb_request
 from shared.messages import Guided, SamplingParams
 from shared.worker.records import EngineError
@@ -48,7 +49,12 @@ def test_sampling_maps_per_request_values() -> None:
         (SamplingParams(min_p=0.1), "min_p"),
         (SamplingParams(logit_bias={1: 2.0}), "logit_bias"),
         (SamplingParams(min_tokens=3), "min_tokens"),
-        (SamplingParams(guided=Guided(json_object=True)), "structured output"),
+        (
+            SamplingParams(
+                guided=Guided(tools=({"name": "f"},), tool_choice="f", tool_syntax="mistral")
+            ),
+            "mistral",
+        ),
     ],
 )
 def test_unsupported_sampling_is_refused(sampling: SamplingParams, what: str) -> None:
@@ -67,32 +73,46 @@ def cursor(max_tokens: int = 4) -> RequestCursor:
     )
 
 
-def test_cumulative_outputs_become_deltas() -> None:
+def out(new: tuple[int, ...], total: int, status: int, error: str | None = None) -> CoreOutput:
+    return CoreOutput(request_id="r", new_tokens=new, total=total, status=status, error=error)
+
+
+def test_outputs_become_emissions() -> None:
     c = cursor()
-    first = c.advance(OutputView((7,), 2))
+    first = c.advance(out((7,), 1, 2))
     assert first is not None
     assert (first.token_ids, first.index, first.prompt_tokens, first.done) == ((7,), 0, 9, False)
-    assert c.advance(OutputView((7,), 2)) is None
-    second = c.advance(OutputView((7, 8, 9), 2))
+    assert c.advance(out((), 1, 2)) is None
+    second = c.advance(merged(out((8,), 2, 2), out((9,), 3, 2)))
     assert second is not None
     assert (second.token_ids, second.index, second.prompt_tokens) == ((8, 9), 1, 0)
-    last = c.advance(OutputView((7, 8, 9, 4), 3))
+    last = c.advance(out((4,), 4, 3))
     assert last is not None
     assert (last.token_ids, last.index, last.finish_reason, last.done) == ((4,), 3, "length", True)
     assert last.stop_token_id is None
-    assert c.advance(OutputView((7, 8, 9, 4), 3)) is None
+    assert c.advance(out((), 4, 3)) is None
 
 
-def test_a_stop_id_ends_with_stop() -> None:
+def test_a_stop_id_ends_with_stop_even_in_an_earlier_output() -> None:
     c = cursor()
-    last = c.advance(OutputView((7, 2), 3))
+    last = c.advance(out((7, 2), 2, 3))
     assert last is not None
     assert (last.finish_reason, last.stop_token_id, last.token_ids) == ("stop", 2, (7, 2))
+    c = cursor()
+    assert c.advance(out((7, 2), 2, 2)) is not None
+    last = c.advance(out((), 2, 3))  # the final status came alone, after the stop token
+    assert last is not None
+    assert (last.finish_reason, last.stop_token_id, last.token_ids, last.index) == (
+        "stop",
+        2,
+        (),
+        2,
+    )
 
 
 def test_a_failed_output_raises() -> None:
     with pytest.raises(RuntimeError, match="boom"):
-        cursor().advance(OutputView((1,), 4, "boom"))
+        cursor().advance(out((1,), 1, 4, "boom"))
 
 
 def test_sizes_and_devices() -> None:

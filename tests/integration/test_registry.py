@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import msgspec
-import structlog
 import pytest
+import structlog
 from nats.aio.client import Client
 from nats.js.errors import BucketNotFoundError
 

@@ -189,6 +189,31 @@ def test_sampling_kwargs_build_a_real_sampling_params(sampling: SamplingParams) 
         assert params.structured_outputs is not None
 
 
+def test_agent_kwargs_build_a_real_sampling_params() -> None:
+    """A forced tool call's structural tag and a thinking budget, with what the installed vLLM
+    says it can do (``loader.features``), build vLLM's own ``SamplingParams``; xgrammar compiles
+    the tag."""
+    import xgrammar
+
+    from services.vllm_worker.loader import features, make_sampling_params
+
+    found = features()
+    tools = ({"name": "f", "parameters": {"type": "object", "properties": {}}},)
+    guided = Guided(
+        tools=tools,
+        tool_choice="required",
+        tool_syntax="hermes",
+        parallel_tool_calls=False,
+        reasoning_syntax="qwen3",
+        max_thinking_tokens=16 if found.thinking_budget else None,
+    )
+    params = make_sampling_params(engine_kwargs(SamplingParams(guided=guided), features=found))
+    assert params.structured_outputs.structural_tag is not None
+    xgrammar.Grammar.from_structural_tag(params.structured_outputs.structural_tag)
+    if found.thinking_budget:
+        assert params.thinking_token_budget == 16
+
+
 def test_phase_kwargs_build_a_real_sampling_params() -> None:
     """A prefill's and a decode's ``kv_transfer_params`` reach ``SamplingParams.extra_args``,
     where vLLM's ``Request`` reads them (``Request.kv_transfer_params``)."""

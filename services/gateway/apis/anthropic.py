@@ -19,7 +19,11 @@ then asks for ``output.format="anthropic"``. The mapping:
 - ``output_config.format`` (``json_schema``) -> a guided JSON schema;
 - ``stop_sequences`` -> stop strings (no limit on their number, as Anthropic).
 
-Images and documents are refused (400): the served models read text.
+- user ``image`` blocks (``source`` ``base64`` or ``url``) -> ``image_url`` parts (a base64
+  source as a ``data:`` URL), each naming its block for errors (decision 032): a model without
+  vision refuses them in the preprocessor (400), as it does a URL of a host not allowed.
+
+Documents are refused (400).
 """
 
 from __future__ import annotations
@@ -69,6 +73,19 @@ class ToolResultBlock(_Block, tag="tool_result"):
     is_error: bool | None = None
 
 
+class Base64Source(msgspec.Struct, kw_only=True, tag_field="type", tag="base64"):
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: str
+
+
+class UrlSource(msgspec.Struct, kw_only=True, tag_field="type", tag="url"):
+    url: str
+
+
+class ImageBlock(_Block, tag="image"):
+    source: Base64Source | UrlSource
+
+
 class ThinkingBlock(_Block, tag="thinking"):
     thinking: str
     signature: str | None = None
@@ -78,7 +95,9 @@ class RedactedThinkingBlock(_Block, tag="redacted_thinking"):
     data: str
 
 
-Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+Block = (
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+)
 
 
 class MessageParam(msgspec.Struct, kw_only=True):
@@ -374,16 +393,21 @@ def _messages(request: CountTokensRequest) -> list[dict[str, Any]]:
 
 
 def _user_blocks(index: int, blocks: list[Block]) -> list[dict[str, Any]]:
-    """A user turn: its tool results as ``tool`` messages, its text as a user message."""
+    """A user turn: its tool results as ``tool`` messages, its text and images as a user
+    message."""
     out: list[dict[str, Any]] = []
     texts: list[str] = []
+    parts: list[dict[str, Any]] = []  # with images: text and image parts in order
     for j, block in enumerate(blocks):
         if isinstance(block, TextBlock):
             texts.append(block.text)
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):
+            parts.append(_image_part(block, f"messages[{index}].content[{j}]"))
         elif isinstance(block, ToolResultBlock):
-            if texts:
-                out.append({"role": "user", "content": "\n".join(texts)})
-                texts = []
+            if parts:
+                out.append({"role": "user", "content": _user_content(texts, parts)})
+                texts, parts = [], []
             out.append(
                 {
                     "role": "tool",
@@ -396,9 +420,24 @@ def _user_blocks(index: int, blocks: list[Block]) -> list[dict[str, Any]]:
                 f"A user message cannot hold a `{_block_type(block)}` block.",
                 param=f"messages[{index}].content[{j}].type",
             )
-    if texts or not out:
-        out.append({"role": "user", "content": "\n".join(texts)})
+    if parts or not out:
+        out.append({"role": "user", "content": _user_content(texts, parts)})
     return out
+
+
+def _user_content(texts: list[str], parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    return parts if len(parts) > len(texts) else "\n".join(texts)
+
+
+def _image_part(block: ImageBlock, param: str) -> dict[str, Any]:
+    """An image block as the chat path's ``image_url`` part (a base64 source as a data URL)."""
+    source = block.source
+    url = (
+        source.url
+        if isinstance(source, UrlSource)
+        else f"data:{source.media_type};base64,{source.data}"
+    )
+    return {"type": "image_url", "image_url": {"url": url}, "param": param}
 
 
 def _assistant_blocks(index: int, blocks: list[Block]) -> dict[str, Any]:
@@ -415,9 +454,9 @@ def _assistant_blocks(index: int, blocks: list[Block]) -> dict[str, Any]:
             calls.append({"id": block.id, "type": "function", "function": function})
         elif isinstance(block, ThinkingBlock):
             thoughts.append(block.thinking)
-        elif isinstance(block, ToolResultBlock):
+        elif isinstance(block, ToolResultBlock | ImageBlock):
             raise InvalidRequest(
-                "An assistant message cannot hold a `tool_result` block.",
+                f"An assistant message cannot hold `{_block_type(block)}` blocks.",
                 param=f"messages[{index}].content[{j}].type",
             )
     out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}

@@ -149,7 +149,11 @@ def chat_to_preprocess(
             request, max_tokens, logprobs, tooling.guided(request, tools, max_thinking)
         ),
         output=_output(
-            request, logprobs, echo=False, legacy_functions=request.functions is not None
+            request,
+            logprobs,
+            echo=False,
+            legacy_functions=request.functions is not None,
+            parallel_tool_calls=tools.parallel or not tools.active,
         ),
         deadline_ms=deadline_ms,
         routing=routing,
@@ -258,7 +262,13 @@ def _fits_64_bits(value: Any) -> bool:
 
 def _check_completion(request: CompletionRequest) -> None:
     _check_common(request)
-    _prompt(request.prompt)
+    batch = prompts(request.prompt)
+    if len(batch) > MAX_PROMPTS:
+        raise InvalidRequest(
+            f"At most {MAX_PROMPTS} prompts in one request (got {len(batch)}).", param="prompt"
+        )
+    for i, prompt in enumerate(batch):
+        _prompt(prompt, "prompt" if len(batch) == 1 else f"prompt[{i}]")
     n = request.n or 1
     if request.best_of is not None and request.best_of != n:
         raise InvalidRequest(
@@ -303,9 +313,9 @@ def _flag(value: bool | None, *, default: bool) -> bool:
 
 def _message_dict(index: int, message: ChatMessage) -> dict[str, Any]:
     """A message as the chat template sees it: role, text content, and the tool/reasoning keys."""
-    content = message.content
+    content: Any = message.content
     if isinstance(content, list):
-        content = _join_text_parts(index, content)
+        content = _content_parts(index, content)
     elif content is None and message.role in _CONTENT_REQUIRED:
         raise InvalidRequest(
             f"Messages with role `{message.role}` need `content`.",
@@ -327,34 +337,60 @@ def _message_dict(index: int, message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def _join_text_parts(index: int, parts: list[Any]) -> str:
+def _content_parts(index: int, parts: list[Any]) -> str | list[dict[str, Any]]:
+    """Text parts joined into one string; with images, the parts as the preprocessor reads
+    them (``image_url`` parts carry the ``param`` naming them, decision 032)."""
     texts: list[str] = []
+    out: list[dict[str, Any]] = []
     for j, part in enumerate(parts):
-        if part.type != "text" or part.text is None:
-            raise InvalidRequest(
-                'Only text content parts (`{"type": "text", "text": ...}`) are supported.',
-                param=f"messages[{index}].content[{j}]",
+        param = part.param or f"messages[{index}].content[{j}]"
+        if part.type == "image_url" and part.image_url is not None and part.image_url.url:
+            out.append(
+                {"type": "image_url", "image_url": {"url": part.image_url.url}, "param": param}
             )
-        texts.append(part.text)
+        elif part.type == "text" and part.text is not None:
+            texts.append(part.text)
+            out.append({"type": "text", "text": part.text})
+        else:
+            raise InvalidRequest(
+                f"`{param}`: only `text` and `image_url` content parts are supported "
+                f"(got `{part.type}`).",
+                param=param,
+            )
     # vLLM joins text parts with a newline when it flattens content to a string.
-    return "\n".join(texts)
+    return out if len(out) > len(texts) else "\n".join(texts)
 
 
-def _prompt(prompt: str | list[Any]) -> tuple[str | None, tuple[int, ...] | None]:
-    """``(prompt, None)`` or ``(None, token_ids)``; batches of several prompts are refused."""
+MAX_PROMPTS = 128
+"""Prompts in one completions request (each is a request on the bus, ``prompt_batches``)."""
+
+
+def prompts(prompt: str | list[Any]) -> list[Any]:
+    """The prompts of a completions request: one, or each of a list of several strings or
+    token-id lists (a batch, answered as one: ``apis/prompt_batches.py``)."""
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, list) for p in prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    return [prompt]
+
+
+def _prompt(
+    prompt: str | list[Any], param: str = "prompt"
+) -> tuple[str | None, tuple[int, ...] | None]:
+    """``(prompt, None)`` or ``(None, token_ids)`` of one prompt (``prompts`` splits a batch)."""
     if isinstance(prompt, str):
         if not prompt:
-            raise InvalidRequest("`prompt` must not be empty.", param="prompt")
+            raise InvalidRequest(f"`{param}` must not be empty.", param=param)
         return prompt, None
     if len(prompt) == 1 and isinstance(prompt[0], str | list):
-        return _prompt(prompt[0])
+        return _prompt(prompt[0], param)
     if prompt and all(type(t) is int and 0 <= t < 2**32 for t in prompt):
         return None, tuple(prompt)
-    if len(prompt) > 1 and all(isinstance(p, str | list) for p in prompt):
-        raise InvalidRequest("Only one prompt per request is supported.", param="prompt")
     raise InvalidRequest(
-        "`prompt` must be a string, a list with one string, or a list of token ids.",
-        param="prompt",
+        f"`{param}` must be a string, a list of token ids, or a list of several strings or of "
+        "several token-id lists.",
+        param=param,
     )
 
 
@@ -398,6 +434,7 @@ def _output(
     fmt: OutputFormat = "openai",
     kserve: KServeOutput | None = None,
     legacy_functions: bool = False,
+    parallel_tool_calls: bool = True,
 ) -> OutputOptions:
     stream = _flag(request.stream, default=False)
     options = request.stream_options
@@ -415,6 +452,7 @@ def _output(
         logprobs=logprobs,
         annotations=nv.annotation_names(request.nvext),
         legacy_functions=legacy_functions,
+        parallel_tool_calls=parallel_tool_calls,
         format=fmt,
         kserve=kserve,
     )

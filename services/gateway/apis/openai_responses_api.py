@@ -1,15 +1,20 @@
 """Pure: OpenAI Responses request bytes -> validated Struct -> ``shared.messages.Preprocess``.
 
-``POST /v1/responses``, stateless, on top of the chat path: the request becomes the equivalent
-chat request (``translate.chat_from``), whose ``Preprocess`` asks for ``output.format=
-"responses"``. The mapping:
+``POST /v1/responses`` on top of the chat path: the request becomes the equivalent chat request
+(``translate.chat_from``), whose ``Preprocess`` asks for ``output.format="responses"``. The
+mapping:
 
 - ``instructions`` -> a ``system`` message first; ``input`` as a string -> one user message;
-- ``input`` items: ``message`` (``input_text`` / ``output_text`` / ``refusal`` parts; ``type``
-  may be left out, as the API allows) -> a message of its role; ``function_call`` -> an
-  assistant ``tool_calls`` entry (consecutive calls share one assistant message);
-  ``function_call_output`` -> a ``tool`` message; ``reasoning`` -> the next assistant message's
-  ``reasoning_content``;
+- the items of the turns ``previous_response_id`` continues (``history``, read from the store
+  by the gateway, decision 030) come before ``input``; the earlier turns' ``instructions`` do
+  not (as OpenAI: each request gives its own);
+- ``input`` items: ``message`` (``input_text`` / ``output_text`` / ``refusal`` / ``input_file``
+  parts; ``type`` may be left out, as the API allows) -> a message of its role; an
+  ``input_file`` part becomes its text (``input_files``; text-like files only);
+  ``function_call`` -> an assistant ``tool_calls`` entry (consecutive calls share one assistant
+  message); ``function_call_output`` -> a ``tool`` message; ``reasoning`` -> the next assistant
+  message's ``reasoning_content``; ``compaction`` (from ``/v1/responses/compact``) -> a user
+  message with the summary it holds;
 - ``tools`` (flat ``{"type": "function", "name", "description", "parameters"}``), ``tool_choice``
   (``none`` / ``auto`` / ``required`` / ``{"type": "function", "name"}``),
   ``parallel_tool_calls``; ``max_output_tokens`` -> ``max_tokens``; ``temperature``, ``top_p``,
@@ -18,22 +23,28 @@ chat request (``translate.chat_from``), whose ``Preprocess`` asks for ``output.f
   ``json_schema`` / ``json_object`` -> guided JSON; ``top_logprobs`` (or ``include`` of
   ``message.output_text.logprobs``) -> log-probabilities on the output text.
 
-Nothing is stored: ``store`` is accepted and the response says ``"store": false``;
-``previous_response_id`` and ``conversation`` are refused (400), as are images, files and
-OpenAI's hosted tools.
+``store`` (default true, as OpenAI) keeps the turn for ``previous_response_id``, ``GET`` and
+``DELETE`` (the gateway's store; the response says ``"store": true`` and carries the id the
+gateway gave it, ``echo_fields``). ``conversation`` and ``background`` are refused (400), as are
+``input_image`` parts (until images land, issue 27 item 3: ``_image_part``), ``item_reference``
+items and OpenAI's hosted tools.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
 from services.gateway.apis.bodies import Decoders, invalid
+from services.gateway.apis.compaction import decode_summary, summary_message
+from services.gateway.apis.input_files import file_text
 from services.gateway.apis.nvext import NO_HEADERS, RoutingHeaders
 from services.gateway.apis.openai import chat_from, chat_to_preprocess
 from services.gateway.apis.openai_types import ChatCompletionRequest, Penalty
+from services.gateway.apis.stored_turns import check_response_id
 from shared.errors import InvalidRequest
 from shared.messages import Preprocess
 
@@ -98,9 +109,10 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     previous_response_id: str | None = None
     conversation: Any = None
     background: bool | None = None
-    # accepted, not acted on (IGNORED says why)
     store: bool | None = None
+    """Keep the turn (default true, as OpenAI)."""
     metadata: dict[str, str] | None = None
+    # accepted, not acted on (IGNORED says why)
     user: str | None = None
     safety_identifier: str | None = None
     service_tier: str | None = None
@@ -118,8 +130,6 @@ class StrictResponsesRequest(ResponsesRequest, kw_only=True, forbid_unknown_fiel
 
 
 IGNORED: dict[str, str] = {
-    "store": "Nothing is stored (stateless): the response says `store: false`.",
-    "metadata": "Tags for stored responses; nothing is stored.",
     "user": "An end-user id for OpenAI's abuse monitoring; nothing here monitors users.",
     "safety_identifier": "Same purpose as `user`; no abuse monitoring here.",
     "service_tier": "OpenAI's paid processing tiers; every request here is served alike.",
@@ -162,7 +172,20 @@ class Refusal(_Part, tag="refusal"):
     refusal: str
 
 
-Part = InputText | OutputText | Refusal
+class InputFile(_Part, tag="input_file"):
+    file_data: str | None = None
+    filename: str | None = None
+    file_id: str | None = None
+    file_url: str | None = None
+
+
+class InputImage(_Part, tag="input_image"):
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+
+
+Part = InputText | OutputText | Refusal | InputFile | InputImage
 
 
 class MessageItem(msgspec.Struct, kw_only=True):
@@ -205,11 +228,19 @@ class ReasoningItem(msgspec.Struct, kw_only=True):
     status: str | None = None
 
 
+class CompactionItem(msgspec.Struct, kw_only=True):
+    type: Literal["compaction"]
+    encrypted_content: str
+    id: str | None = None
+    created_by: str | None = None
+
+
 _ITEMS: dict[str, type[msgspec.Struct]] = {
     "message": MessageItem,
     "function_call": FunctionCallItem,
     "function_call_output": FunctionCallOutputItem,
     "reasoning": ReasoningItem,
+    "compaction": CompactionItem,
 }
 
 
@@ -222,20 +253,17 @@ def parse_responses(body: bytes, *, allow_unknown: bool = False) -> ResponsesReq
     if not request.model:
         raise InvalidRequest("`model` must not be empty.", param="model")
     if request.previous_response_id is not None:
-        raise InvalidRequest(
-            "`previous_response_id` is not supported: this server is stateless and stores no "
-            "responses. Send the whole conversation in `input` instead.",
-            param="previous_response_id",
-        )
+        check_response_id(request.previous_response_id, "previous_response_id")
     if request.conversation is not None:
         raise InvalidRequest(
-            "`conversation` is not supported: this server is stateless. Send the whole "
-            "conversation in `input` instead.",
+            "`conversation` is not supported: continue a conversation with "
+            "`previous_response_id`, or send the whole conversation in `input`.",
             param="conversation",
         )
     if request.background:
         raise InvalidRequest(
-            "`background` is not supported: responses are not stored.", param="background"
+            "`background` is not supported: a response is answered while its request waits.",
+            param="background",
         )
     if isinstance(request.input, str) and not request.input:
         raise InvalidRequest("`input` must not be empty.", param="input")
@@ -269,9 +297,17 @@ def parse_responses(body: bytes, *, allow_unknown: bool = False) -> ResponsesReq
     return request
 
 
-def to_chat(request: ResponsesRequest) -> ChatCompletionRequest:
-    """The equivalent chat request, checked as a chat body is (tools, ``tool_choice``…)."""
-    return chat_from(chat_fields(request))
+def is_stored(request: ResponsesRequest) -> bool:
+    """Whether the turn is to be kept (``store``, true unless the request says false)."""
+    return request.store is not False
+
+
+def to_chat(
+    request: ResponsesRequest, history: Sequence[dict[str, Any]] = ()
+) -> ChatCompletionRequest:
+    """The equivalent chat request, checked as a chat body is (tools, ``tool_choice``…);
+    ``history``: the items of the turns it continues."""
+    return chat_from(chat_fields(request, history))
 
 
 def responses_to_preprocess(
@@ -301,9 +337,12 @@ def responses_to_preprocess(
     return msgspec.structs.replace(preprocess, output=output)
 
 
-def chat_fields(request: ResponsesRequest) -> dict[str, Any]:
-    """The OpenAI chat request equivalent to ``request`` (as values for ``chat_from``)."""
-    fields: dict[str, Any] = {"model": request.model, "messages": _messages(request)}
+def chat_fields(
+    request: ResponsesRequest, history: Sequence[dict[str, Any]] = ()
+) -> dict[str, Any]:
+    """The OpenAI chat request equivalent to ``request`` after ``history`` (as values for
+    ``chat_from``)."""
+    fields: dict[str, Any] = {"model": request.model, "messages": _messages(request, history)}
     if request.tools:
         fields["tools"] = [_tool(t) for t in request.tools]
     choice = request.tool_choice
@@ -343,15 +382,20 @@ def chat_fields(request: ResponsesRequest) -> dict[str, Any]:
     return fields
 
 
-def echo_fields(request: ResponsesRequest) -> dict[str, Any]:
+def echo_fields(
+    request: ResponsesRequest, *, response_id: str | None = None, stored: bool = False
+) -> dict[str, Any]:
     """The request parameters a ``response`` object repeats, as OpenAI shows them (defaults
-    filled in; ``store`` is always ``false``: nothing is stored). The OpenResponses schema
-    requires every one of them, those not acted on (``safety_identifier``, ``prompt_cache_key``)
-    included."""
+    filled in; ``store``: whether the gateway keeps the turn). The OpenResponses schema requires
+    every one of them, those not acted on (``safety_identifier``, ``prompt_cache_key``)
+    included. ``response_id``: the id the gateway gave the response (else the formatter's)."""
     reasoning = request.reasoning
     text = request.text
     choice = request.tool_choice
+    ids = {} if response_id is None else {"id": response_id}
     return {
+        **ids,
+        "previous_response_id": request.previous_response_id,
         "instructions": request.instructions,
         "max_output_tokens": request.max_output_tokens,
         "max_tool_calls": request.max_tool_calls,
@@ -364,7 +408,7 @@ def echo_fields(request: ResponsesRequest) -> dict[str, Any]:
             "summary": reasoning.summary if reasoning is not None else None,
         },
         "safety_identifier": request.safety_identifier,
-        "store": False,
+        "store": stored,
         "temperature": _default(request.temperature, 1.0),
         "text": {
             "format": msgspec.to_builtins(text.format)
@@ -409,18 +453,38 @@ def _tool(tool: FunctionTool) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def _messages(request: ResponsesRequest) -> list[dict[str, Any]]:
+def _messages(
+    request: ResponsesRequest, history: Sequence[dict[str, Any]] = ()
+) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if request.instructions:
         out.append({"role": "system", "content": request.instructions})
-    if isinstance(request.input, str):
-        out.append({"role": "user", "content": request.input})
-        return out
+    out += _history_messages(history)
+    raw = request.input
+    items = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw
+    out += _item_messages(items, "input")
+    if not any(m["role"] != "system" for m in out):
+        raise InvalidRequest("`input` holds no message.", param="input")
+    return out
+
+
+def _history_messages(history: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The earlier turns' items as chat messages (they were checked when first sent)."""
+    return _item_messages(history, "previous_response_id") if history else []
+
+
+def _item_messages(items: Sequence[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """Input items (at ``where``, for error params) -> chat messages."""
+    out: list[dict[str, Any]] = []
     reasoning: list[str] = []
-    for i, raw in enumerate(request.input):
-        item = _item(i, raw)
+    for i, raw in enumerate(items):
+        param = f"{where}[{i}]"
+        item = _item(param, raw)
         if isinstance(item, MessageItem):
-            message: dict[str, Any] = {"role": item.role, "content": _text(item.content)}
+            message: dict[str, Any] = {
+                "role": item.role,
+                "content": _content(item.content, param),
+            }
             if item.role == "assistant" and reasoning:
                 message["reasoning_content"] = "".join(reasoning)
                 reasoning = []
@@ -442,33 +506,75 @@ def _messages(request: ResponsesRequest) -> list[dict[str, Any]]:
                 out.append(message)
         elif isinstance(item, FunctionCallOutputItem):
             output = item.output
-            text = output if isinstance(output, str) else _text(output)
+            text = output if isinstance(output, str) else _text(output, f"{param}.output")
             out.append({"role": "tool", "tool_call_id": item.call_id, "content": text})
         elif isinstance(item, ReasoningItem):
             parts = item.content if item.content else item.summary
             reasoning.extend(p.text for p in parts)
-    if not any(m["role"] != "system" for m in out):
-        raise InvalidRequest("`input` holds no message.", param="input")
+        elif isinstance(item, CompactionItem):
+            summary = decode_summary(item.encrypted_content, f"{param}.encrypted_content")
+            out.append(summary_message(summary))
     return out
 
 
-def _item(index: int, raw: dict[str, Any]) -> msgspec.Struct:
+def _item(param: str, raw: dict[str, Any]) -> msgspec.Struct:
     kind = raw.get("type", "message")
     struct = _ITEMS.get(kind) if isinstance(kind, str) else None
     if struct is None:
         raise InvalidRequest(
             f"Input items of type `{kind}` are not supported here (only `message`, "
-            "`function_call`, `function_call_output` and `reasoning`; nothing is stored, so "
-            "`item_reference` cannot be resolved).",
-            param=f"input[{index}].type",
+            "`function_call`, `function_call_output`, `reasoning` and `compaction`; "
+            "`item_reference` cannot be resolved: continue with `previous_response_id`).",
+            param=f"{param}.type",
         )
     try:
         return msgspec.convert(raw, struct)
     except msgspec.ValidationError as exc:
-        raise invalid(str(exc), prefix=f"input[{index}]") from None
+        raise invalid(str(exc), prefix=param) from None
 
 
-def _text(content: str | list[Part]) -> str:
+def _text(content: str | list[Part], param: str) -> str:
     if isinstance(content, str):
         return content
-    return "\n".join(p.refusal if isinstance(p, Refusal) else p.text for p in content)
+    return "\n".join(_part_text(part, f"{param}.content[{j}]") for j, part in enumerate(content))
+
+
+def _part_text(part: Part, param: str) -> str:
+    if isinstance(part, Refusal):
+        return part.refusal
+    if isinstance(part, InputFile):
+        return file_text(
+            param=param,
+            file_data=part.file_data,
+            filename=part.filename,
+            file_id=part.file_id,
+            file_url=part.file_url,
+        )
+    if isinstance(part, InputImage):  # only in a message's content (``_content``)
+        raise InvalidRequest(f"`{param}`: an image cannot be a tool's output.", param=param)
+    return part.text
+
+
+def _content(content: str | list[Part], param: str) -> str | list[dict[str, Any]]:
+    """A message's content: its text, or with ``input_image`` parts the chat path's text and
+    ``image_url`` parts in order (decision 032)."""
+    if isinstance(content, str) or not any(isinstance(p, InputImage) for p in content):
+        return _text(content, param)
+    return [
+        _image_part(part, f"{param}.content[{j}]")
+        if isinstance(part, InputImage)
+        else {"type": "text", "text": _part_text(part, f"{param}.content[{j}]")}
+        for j, part in enumerate(content)
+    ]
+
+
+def _image_part(part: InputImage, param: str) -> dict[str, Any]:
+    """An ``input_image`` as the chat path's ``image_url`` part (``file_id``: nothing is
+    stored to look it up, a 400)."""
+    if not part.image_url:
+        raise InvalidRequest(
+            f"`{param}`: an `input_image` needs `image_url` (a data: URL, or an http(s) URL "
+            "where allowed); `file_id` cannot be resolved here.",
+            param=param,
+        )
+    return {"type": "image_url", "image_url": {"url": part.image_url}, "param": param}

@@ -60,11 +60,23 @@ SessionId = Annotated[str, Meta(pattern=SESSION_ID_PATTERN)]
 """1 to 256 printable ASCII characters, no spaces (as the session headers)."""
 
 
+class ImageUrl(msgspec.Struct, kw_only=True):
+    """``image_url`` of an image part: a ``data:`` URL, or an http(s) URL where allowed."""
+
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+    """Accepted, not acted on: the model's own rule sets an image's token count."""
+
+
 class ContentPart(msgspec.Struct, kw_only=True):
-    """One part of a multi-part message content; only ``text`` parts are supported."""
+    """One part of a multi-part message content: ``text`` or ``image_url`` (decision 032)."""
 
     type: str
     text: str | None = None
+    image_url: ImageUrl | None = None
+    param: str | None = None
+    """Where the part was in another front end's body (``messages[0].content[1]`` of a Messages
+    request), for errors; absent: its place in this chat request."""
 
 
 class ChatMessage(msgspec.Struct, kw_only=True):

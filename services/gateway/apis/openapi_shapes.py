@@ -31,8 +31,13 @@ class Model(msgspec.Struct, kw_only=True):
     object: Literal["model"] = "model"
     created: int
     owned_by: str
+    root: str | None = None
+    """A LoRA adapter's path (vLLM's ``root``); ``None`` for a base model."""
+    parent: str | None = None
+    """A LoRA adapter's base model, as vLLM lists it; ``None`` for a base model."""
     jetserve: ModelWorkers
-    """JetServe's extension: the model's live workers by role and their data-parallel ranks."""
+    """JetServe's extension: the model's live workers by role and their data-parallel ranks
+    (an adapter's: those that hold it)."""
 
 
 class ModelList(msgspec.Struct, kw_only=True):

@@ -51,7 +51,8 @@ class ApiKeys:
         self._keys = tuple(k.encode() for k in keys)
         self._protect_metrics = protect_metrics
         self._protected = protected
-        """Paths outside ``/v1`` that need a key too (inference and models moved by settings)."""
+        """Paths outside ``/v1`` that need a key too (inference and models moved by settings);
+        one ending in ``/``: every path under it."""
         self._metrics_path = metrics_path
 
     def __bool__(self) -> bool:
@@ -62,6 +63,8 @@ class ApiKeys:
         if not self._keys:
             return False
         if path == "/v1" or path.startswith("/v1/") or path in self._protected:
+            return True
+        if any(p.endswith("/") and path.startswith(p) for p in self._protected):
             return True
         return self._protect_metrics and path == self._metrics_path
 

@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from nats.errors import MaxPayloadError
+from nats.js.client import JetStreamContext
 
 from services.gateway.config import GatewayConfig
 from services.gateway.core.errors import (
@@ -55,6 +56,8 @@ from shared.messages import (
     Embed,
     EmbedResult,
     GatewayEvent,
+    LoraAdapterAnswer,
+    LoraCommand,
     MediaGenerate,
     MediaResult,
     ModelCard,
@@ -94,6 +97,9 @@ _MEDIA_ANSWERS: codec.Decoder[MediaResult | RequestFailed] = codec.Decoder(
 )
 _COUNT_ANSWERS: codec.Decoder[TokenCount | RequestFailed] = codec.Decoder(
     TokenCount | RequestFailed
+)
+_LORA_ANSWERS: codec.Decoder[LoraAdapterAnswer | RequestFailed] = codec.Decoder(
+    LoraAdapterAnswer | RequestFailed
 )
 T = TypeVar("T")
 
@@ -345,6 +351,16 @@ class NatsBus:
         """Requests waiting for replies right now."""
         return len(self._pending)
 
+    def jetstream(self) -> JetStreamContext:
+        """JetStream on the bus connection (the stored Responses turns, ``turn_store``)."""
+        assert self._nc is not None, "start() first"
+        return self._nc.jetstream()
+
+    def max_payload(self) -> int:
+        """The largest message the server takes, bytes."""
+        assert self._nc is not None, "start() first"
+        return self._nc.max_payload
+
     # --- models ----------------------------------------------------------------------------------
 
     def live_models(self) -> list[str]:
@@ -481,6 +497,18 @@ class NatsBus:
         except (NatsError, TimeoutError) as exc:
             raise ServiceUnavailable(f"The busy thresholds cannot be read: {exc}") from exc
         return [] if found is None else [found]
+
+    async def lora_command(
+        self, worker_id: str, command: LoraCommand, timeout_s: float
+    ) -> LoraAdapterAnswer:
+        """Ask one worker to load or unload a LoRA adapter (decision 031)."""
+        return await self.ask(
+            self.subjects.worker_lora(worker_id),
+            command,
+            _LORA_ANSWERS,
+            timeout_s,
+            unreachable=f"The worker `{worker_id}` is not running.",
+        )
 
     async def set_busy_thresholds(self, message: BusyThresholdsChanged) -> BusyThresholdsChanged:
         """Store one model's thresholds, then tell every router (the stored revision along)."""

@@ -28,6 +28,8 @@ class Paths:
     live: str = "/live"
     metrics: str = "/metrics"
     busy_threshold: str = "/busy_threshold"
+    load_lora_adapter: str = "/v1/load_lora_adapter"
+    unload_lora_adapter: str = "/v1/unload_lora_adapter"
 
     @classmethod
     def of(cls, config: GatewayConfig) -> Paths:
@@ -35,14 +37,20 @@ class Paths:
         return cls(**{name: getattr(config, f"{name}_path") for name in cls.__slots__})
 
     @property
+    def compact(self) -> str:
+        """The Responses API's compaction, under its path (as OpenAI's API has it)."""
+        return f"{self.responses}/compact"
+
+    @property
     def asks(self) -> frozenset[str]:
         """Inference that Litestar serves (request/reply): admitted like the relayed paths."""
-        return frozenset({self.embeddings, self.images, self.videos})
+        return frozenset({self.embeddings, self.images, self.videos, self.compact})
 
     @property
     def protected(self) -> frozenset[str]:
-        """Paths that need an API key when keys are set: inference and the model list."""
-        return self.all() - self.probes | {self.models}
+        """Paths that need an API key when keys are set: inference and the model list; an
+        entry ending in ``/`` protects every path under it (stored Responses turns)."""
+        return self.all() - self.probes | {self.models, f"{self.responses}/"}
 
     @property
     def probes(self) -> frozenset[str]:

@@ -13,6 +13,8 @@ if TYPE_CHECKING:
         CountTokens,
         Embed,
         EmbedResult,
+        LoraAdapterAnswer,
+        LoraCommand,
         MediaGenerate,
         MediaResult,
         ModelCard,
@@ -78,3 +80,7 @@ class GatewayBus(ReplyBus, Protocol):
     async def set_busy_thresholds(
         self, message: BusyThresholdsChanged
     ) -> BusyThresholdsChanged: ...
+
+    async def lora_command(
+        self, worker_id: str, command: LoraCommand, timeout_s: float
+    ) -> LoraAdapterAnswer: ...

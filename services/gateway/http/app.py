@@ -6,8 +6,11 @@ Responses) to ``Relay`` (raw ASGI, ADR 010) once ``Admission`` gives them a slot
 (``--max-concurrent-requests``, shared with gRPC, at most ``--max-connection-share`` of them per
 client connection; else 503 before the body is read, 529 in Anthropic's dialect), and
 everything else (probes, listing, ``/openapi.json``, unknown routes, lifespan) to the Litestar
-app. The lifespan starts the bus, then the gRPC server (``serve_grpc``, ADR 015) in the same
-event loop; it stops them in the reverse order.
+app. A WebSocket on the Responses path is the Responses API's WebSocket mode
+(``websocket_mode.py``); stored Responses turns (``turns``, decision 030) are read and kept by
+the relay, the WebSocket mode and the routes of ``turn_routes.py``. The lifespan starts the bus,
+then the gRPC server (``serve_grpc``, ADR 015) in the same event loop; it stops them in the
+reverse order.
 
 An admitted request's body must arrive within ``--body-timeout-s`` and each of its writes go out
 within ``--send-timeout-s`` (``stalls.py``): past either, the connection is aborted, which ends
@@ -38,6 +41,8 @@ from services.gateway.core.metrics import GatewayMetrics
 from services.gateway.core.paths import Paths
 from services.gateway.core.port import GatewayBus
 from services.gateway.core.readiness import Readiness
+from services.gateway.core.turn_store import MemoryTurns
+from services.gateway.core.turns import Turns
 from services.gateway.grpc.server import GrpcServer
 from services.gateway.http import error_dialects as responses
 from services.gateway.http import sse
@@ -47,6 +52,8 @@ from services.gateway.http.openapi import PATHS_KEY, openapi_config
 from services.gateway.http.relay import Relay
 from services.gateway.http.routes import build_ask_routes, build_routes
 from services.gateway.http.stalls import BODY_TIMEOUT, SEND_TIMEOUT, BodyDeadline, BoundedSend
+from services.gateway.http.turn_routes import build_turn_routes
+from services.gateway.http.websocket_mode import WebSocketMode
 from shared.errors import ServiceError, Unauthenticated
 from shared.notify import notify_ready
 
@@ -63,10 +70,13 @@ def create_app(
     metrics: GatewayMetrics | None = None,
     serve_grpc: bool = False,
     admission: Admission | None = None,
+    turns: Turns | None = None,
 ) -> Gateway:
     """The gateway's ASGI app; ``bus`` (and the gRPC server, with ``serve_grpc``) are started
     and stopped by the app's lifespan. ``admission`` (default: ``--max-concurrent-requests``)
-    counts HTTP and gRPC inference requests together."""
+    counts HTTP and gRPC inference requests together. ``turns``: stored Responses turns (default:
+    kept in this process, ``MemoryTurns``)."""
+    turns = turns or Turns(MemoryTurns(config.responses_max_stored_bytes))
     readiness = readiness or Readiness()
     metrics = metrics or GatewayMetrics(routes=Paths.of(config).all(), prefix=config.metrics_prefix)
     metrics.base.track_in_flight(lambda: bus.in_flight)
@@ -120,6 +130,7 @@ def create_app(
         route_handlers=[
             *build_routes(bus, readiness, metrics, paths),
             *build_ask_routes(exchanges, paths, allow_unknown=config.allow_unknown_fields),
+            *build_turn_routes(exchanges, turns, paths, allow_unknown=config.allow_unknown_fields),
         ],
         state=State({PATHS_KEY: paths}),
         request_max_body_size=config.max_body_bytes,
@@ -134,7 +145,16 @@ def create_app(
         debug=False,
     )
     table = endpoints(paths)
-    relay = Relay(config, exchanges, table)
+    relay = Relay(config, exchanges, table, turns)
+    websocket = WebSocketMode(
+        exchanges,
+        turns,
+        path=paths.responses,
+        admission=admission,
+        keys=keys,
+        metrics=metrics,
+        allow_unknown=config.allow_unknown_fields,
+    )
     return Gateway(
         app,
         relay,
@@ -146,6 +166,7 @@ def create_app(
         config.body_timeout_s,
         paths=paths,
         table=table,
+        websocket=websocket,
     )
 
 
@@ -164,7 +185,9 @@ class Gateway:
         "_metrics",
         "_probes",
         "_relay",
+        "_responses_path",
         "_send_timeout_s",
+        "_websocket",
         "grpc",
     )
 
@@ -181,8 +204,11 @@ class Gateway:
         *,
         paths: Paths,
         table: dict[str, Endpoint],
+        websocket: WebSocketMode | None = None,
     ) -> None:
         self._app = app
+        self._websocket = websocket
+        self._responses_path = paths.responses
         self._endpoints = table
         self._asks = paths.asks
         self._probes = paths.probes
@@ -212,6 +238,13 @@ class Gateway:
                     )
                 else:
                     await self._app(scope, receive, send_with_id(ctx, send))
+            return
+        if (
+            scope["type"] == ScopeType.WEBSOCKET
+            and scope["path"] == self._responses_path
+            and self._websocket is not None
+        ):
+            await self._websocket.serve(scope, receive, send)
             return
         await self._app(scope, receive, send)  # lifespan
 

@@ -3,9 +3,10 @@ API's error dialect. Pure.
 
 Every endpoint parses its body (``allow_unknown``: ``--allow-unknown-fields``) into ``Parsed``:
 the model to check and a function that makes the bus request once the request id, reply subject
-and deadline are known. ``generate`` endpoints answer with the formatter's bytes (a JSON body or
-an SSE stream); ``count_tokens`` asks the preprocessors how many prompt tokens the request makes
-and answers ``{"input_tokens": N}``.
+and deadline are known (for the Responses API, once the conversation it continues is read:
+``Parsed.turn``, ``core/turns.py``). ``generate`` endpoints answer with the formatter's bytes
+(a JSON body or an SSE stream); ``count_tokens`` asks the preprocessors how many prompt tokens
+the request makes and answers ``{"input_tokens": N}``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
+from msgspec.structs import replace
+
 from services.gateway.apis import anthropic as anthropic_api
-from services.gateway.apis import openai_responses_api as responses_api
 from services.gateway.apis.anthropic import (
     messages_to_preprocess,
     parse_count_tokens,
@@ -28,8 +30,9 @@ from services.gateway.apis.openai import (
     completion_to_preprocess,
     parse_chat,
     parse_completion,
+    prompts,
 )
-from services.gateway.apis.openai_responses_api import parse_responses, responses_to_preprocess
+from services.gateway.apis.openai_responses_api import ResponsesRequest, parse_responses
 from services.gateway.core.paths import Paths
 from services.gateway.http.error_dialects import ANTHROPIC, OPENAI, RESPONSES, ErrorDialect
 from shared.messages import Preprocess
@@ -44,6 +47,12 @@ class Parsed:
 
     model: str
     to_preprocess: Callable[..., Preprocess]
+    turn: ResponsesRequest | None = None
+    """A Responses turn: its bus form is made by ``Turns.begin`` (``to_preprocess`` unused)."""
+    batch: tuple[Callable[..., Preprocess], ...] = ()
+    """Completions with several prompts: one bus request each (``to_preprocess`` unused)."""
+    choices: int = 1
+    """A batch's choices per prompt (``n``)."""
 
 
 Parse = Callable[[bytes, RoutingHeaders, bool], Parsed]
@@ -65,7 +74,14 @@ def _chat(body: bytes, headers: RoutingHeaders, allow_unknown: bool) -> Parsed:
 
 def _completion(body: bytes, headers: RoutingHeaders, allow_unknown: bool) -> Parsed:
     request = parse_completion(body, allow_unknown=allow_unknown)
-    return Parsed(request.model, partial(completion_to_preprocess, request, headers=headers))
+    batch = prompts(request.prompt)
+    if len(batch) == 1:
+        return Parsed(request.model, partial(completion_to_preprocess, request, headers=headers))
+    each = tuple(
+        partial(completion_to_preprocess, replace(request, prompt=prompt), headers=headers)
+        for prompt in batch
+    )
+    return Parsed(request.model, _unbound, batch=each, choices=request.n or 1)
 
 
 def _messages(body: bytes, headers: RoutingHeaders, allow_unknown: bool) -> Parsed:
@@ -82,9 +98,11 @@ def _count_tokens(body: bytes, headers: RoutingHeaders, allow_unknown: bool) -> 
 
 def _responses(body: bytes, headers: RoutingHeaders, allow_unknown: bool) -> Parsed:
     request = parse_responses(body, allow_unknown=allow_unknown)
-    chat = responses_api.to_chat(request)
-    echo = responses_api.echo_fields(request)
-    return Parsed(request.model, partial(responses_to_preprocess, chat, echo=echo, headers=headers))
+    return Parsed(request.model, _unbound, turn=request)
+
+
+def _unbound(**_: object) -> Preprocess:
+    raise AssertionError("made by Turns.begin, or one per prompt (Parsed.batch)")
 
 
 def endpoints(paths: Paths) -> dict[str, Endpoint]:

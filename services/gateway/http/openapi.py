@@ -101,12 +101,13 @@ ENDPOINTS: list[Endpoint] = [
     ),
     Endpoint(
         "/v1/responses",
-        "Create a response (OpenAI Responses API, stateless)",
+        "Create a response (OpenAI Responses API)",
         ResponsesRequest,
         api.ResponseObject,
         None,
         "`input` as a string or items, `instructions`, function tools; streamed as the "
-        "documented event sequence with `stream: true`.",
+        "documented event sequence with `stream: true`; kept for `previous_response_id` and "
+        "`GET /v1/responses/{id}` unless `store: false`.",
     ),
     Endpoint(
         "/v1/messages",

@@ -5,27 +5,33 @@ Read the body (with Litestar's checks), parse, submit, wait for the first event,
 with a JSON body or an SSE stream; an error before the first event gets its real status, one
 after the headers ends the stream in-band, each in the endpoint's error dialect. A timeout or a
 client disconnect cancels upstream. ``count_tokens`` asks the preprocessors instead (request/
-reply) and answers ``{"input_tokens": N}``.
+reply) and answers ``{"input_tokens": N}``. A Responses turn is opened with the conversation it
+continues and kept before its last bytes go out (``core/turns.py``, decision 030).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from functools import partial
 
 import msgspec
 import structlog
 from litestar.types import HTTPScope, Receive, Send
 
+from services.gateway.apis import lora_admin
 from services.gateway.apis.admission_hints import AdmissionReader
 from services.gateway.apis.nvext import routing_headers
 from services.gateway.config import GatewayConfig
 from services.gateway.core.context import RequestContext, note_error
 from services.gateway.core.errors import ClientDisconnected
 from services.gateway.core.exchange import Envelope, Exchange, Exchanges
+from services.gateway.core.port import GatewayBus
+from services.gateway.core.turn_store import MemoryTurns
+from services.gateway.core.turns import Turn, Turns
 from services.gateway.http import error_dialects as responses
-from services.gateway.http.endpoints import (
-    Endpoint,
-)
+from services.gateway.http import prompt_batch
+from services.gateway.http.endpoints import Endpoint, Parsed
 from services.gateway.http.error_dialects import ErrorDialect
 from shared.errors import (
     InternalError,
@@ -58,12 +64,24 @@ class _HttpError(Exception):
 class Relay:
     """One inference request, from its body to the last byte of its response."""
 
-    __slots__ = ("_admission", "_allow_unknown", "_endpoints", "_exchanges", "_max_body_bytes")
+    __slots__ = (
+        "_admission",
+        "_allow_unknown",
+        "_endpoints",
+        "_exchanges",
+        "_max_body_bytes",
+        "_turns",
+    )
 
     def __init__(
-        self, config: GatewayConfig, exchanges: Exchanges, table: dict[str, Endpoint]
+        self,
+        config: GatewayConfig,
+        exchanges: Exchanges,
+        table: dict[str, Endpoint],
+        turns: Turns | None = None,
     ) -> None:
         self._exchanges = exchanges
+        self._turns = turns or Turns(MemoryTurns())
         self._endpoints = table
         self._allow_unknown = config.allow_unknown_fields
         self._max_body_bytes = config.max_body_bytes
@@ -89,6 +107,9 @@ class Relay:
             if endpoint.kind == "count_tokens":
                 await self._count_tokens(ctx, preprocess, endpoint, send)
                 return
+            if preprocess.batch:
+                await self._batch(ctx, preprocess, receive, send, dialect)
+                return
             exchange = await self._exchanges.submit(ctx, preprocess.request, preprocess.envelope)
         except ServiceError as exc:
             await _send_error(ctx, send, responses.service_error(exc, dialect, rid), dialect)
@@ -104,7 +125,9 @@ class Relay:
             return
         listener = asyncio.get_running_loop().create_task(_watch(receive, exchange))
         try:
-            await self._respond(ctx, exchange, preprocess.request.output.stream, send, dialect)
+            await self._respond(
+                ctx, exchange, preprocess.request.output.stream, send, dialect, preprocess.turn
+            )
         finally:
             listener.cancel()
 
@@ -117,20 +140,84 @@ class Relay:
         parsed = endpoint.parse(body, headers, self._allow_unknown)
         ctx.model = parsed.model
         bus = self._exchanges.bus
-        if endpoint.kind == "count_tokens":
+        parent = None if bus.is_live(parsed.model) else _adapter_parent(bus, parsed.model)
+        if endpoint.kind == "count_tokens" and parent is None:
             # Counting needs the model's tokenizer, not a live worker.
             if not bus.is_live(parsed.model) and await bus.model_card(parsed.model) is None:
                 raise ModelNotFound(parsed.model)
-        else:
+        elif parent is None:
             await bus.check_model(parsed.model)
+        if parsed.batch:
+            return self._batch_requests(ctx, parsed, parent)
+        turn = None
+        to_preprocess = parsed.to_preprocess
+        if parsed.turn is not None:
+            turn = await self._turns.begin(parsed.turn, headers)
+            to_preprocess = turn.to_preprocess
         envelope = self._exchanges.envelope(ctx)
-        request = parsed.to_preprocess(
+        request = to_preprocess(
             request_id=envelope.request_id,
             reply_to=envelope.reply_to,
             created=envelope.created,
             deadline_ms=envelope.deadline_ms,
         )
-        return _Prepared(request, envelope)
+        if parent is not None:  # a LoRA adapter's name: its base model, routed to its holders
+            request = lora_admin.for_adapter(request, parent)
+        return _Prepared(request, envelope, turn)
+
+    def _batch_requests(self, ctx: RequestContext, parsed: Parsed, parent: str | None) -> _Prepared:
+        """One bus request per prompt, each with its own envelope (for an adapter's name, as
+        ``_prepare`` makes one)."""
+        batch = []
+        for to_preprocess in parsed.batch:
+            envelope = self._exchanges.envelope(ctx)
+            request = to_preprocess(
+                request_id=envelope.request_id,
+                reply_to=envelope.reply_to,
+                created=envelope.created,
+                deadline_ms=envelope.deadline_ms,
+            )
+            if parent is not None:
+                request = lora_admin.for_adapter(request, parent)
+            batch.append((request, envelope))
+        first, envelope = batch[0]
+        return _Prepared(first, envelope, batch=tuple(batch), choices=parsed.choices)
+
+    async def _batch(
+        self,
+        ctx: RequestContext,
+        prepared: _Prepared,
+        receive: Receive,
+        send: Send,
+        dialect: ErrorDialect,
+    ) -> None:
+        """A completions request with several prompts (``prompt_batch.py``)."""
+        rid = ctx.request_id
+        submits = [
+            partial(self._exchanges.submit, ctx, request, envelope)
+            for request, envelope in prepared.batch
+        ]
+        try:
+            exchanges, firsts = await prompt_batch.open_batch(submits)
+        except ServiceError as exc:
+            await _send_error(ctx, send, responses.service_error(exc, dialect, rid), dialect)
+            return
+        listener = asyncio.get_running_loop().create_task(prompt_batch.watch(receive, exchanges))
+        try:
+            if not prepared.request.output.stream:
+                try:
+                    body = await prompt_batch.whole(ctx, exchanges, firsts, prepared.choices)
+                except ServiceError as exc:
+                    parts = responses.service_error(exc, dialect, rid)
+                    await _send_error(ctx, send, parts, dialect)
+                    return
+                await _send_json(ctx, send, 200, body, dialect)
+                return
+            await _start(ctx, send, 200, [*_SSE_START, *dialect.headers(ctx)])
+            tail = partial(dialect.stream_tail, sent=b"")
+            await prompt_batch.streamed(ctx, exchanges, firsts, prepared.choices, send, tail)
+        finally:
+            listener.cancel()
 
     async def _count_tokens(
         self, ctx: RequestContext, prepared: _Prepared, endpoint: Endpoint, send: Send
@@ -150,13 +237,17 @@ class Relay:
         stream: bool,
         send: Send,
         dialect: ErrorDialect,
+        turn: Turn | None = None,
     ) -> None:
-        """Wait for the first event, then answer with it (JSON) or start the SSE stream."""
+        """Wait for the first event, then answer with it (JSON) or start the SSE stream; a
+        Responses turn is kept before its last bytes go out."""
         rid = ctx.request_id
         try:
             first = await exchange.first()
             if not stream:
                 _, body = await exchange.relay(first)
+                if turn is not None:
+                    await self._turns.keep(turn, body, stream=False)
         except ServiceError as exc:
             await _send_error(ctx, send, responses.service_error(exc, dialect, rid), dialect)
             return
@@ -167,11 +258,16 @@ class Relay:
             await _send_json(ctx, send, 200, body, dialect)
             return
         await _start(ctx, send, 200, [*_SSE_START, *dialect.headers(ctx)])
-        await _stream(exchange, first, send, dialect)
+        keep = None if turn is None else partial(self._turns.keep, turn, stream=True)
+        await _stream(exchange, first, send, dialect, keep)
 
 
 async def _stream(
-    exchange: Exchange, first: ResponseChunk, send: Send, dialect: ErrorDialect
+    exchange: Exchange,
+    first: ResponseChunk,
+    send: Send,
+    dialect: ErrorDialect,
+    keep: Callable[[bytes], Awaitable[None]] | None = None,
 ) -> None:
     """Relay SSE bytes until ``done``; a failure ends the stream with an error event.
 
@@ -183,7 +279,9 @@ async def _stream(
         await send({"type": "http.response.body", "body": data, "more_body": True})
 
     try:
-        _, rest = await exchange.relay(first, write)
+        done, rest = await exchange.relay(first, write)
+        if keep is not None:
+            await keep(done.data)  # before the last event reaches the client
     except ClientDisconnected:
         return  # cancelled by the exchange; nobody to send to
     except ServiceError as exc:
@@ -201,6 +299,10 @@ async def _stream(
 class _Prepared(msgspec.Struct, frozen=True):
     request: Preprocess
     envelope: Envelope
+    turn: Turn | None = None
+    batch: tuple[tuple[Preprocess, Envelope], ...] = ()
+    """Completions with several prompts: every prompt's request (the first is ``request``)."""
+    choices: int = 1
 
 
 async def _watch(receive: Receive, exchange: Exchange) -> None:
@@ -269,3 +371,12 @@ async def _send_json(
     headers = [*(extra or ()), _JSON, (b"content-length", b"%d" % len(body)), *dialect.headers(ctx)]
     await _start(ctx, send, status, headers)
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _adapter_parent(bus: GatewayBus, name: str) -> str | None:
+    """The base model of the LoRA adapter ``name`` held by a live worker (None: no such)."""
+    for model in bus.live_models():
+        adapter = lora_admin.adapters_of(bus.live_workers(model)).get(name)
+        if adapter is not None:
+            return adapter.parent
+    return None

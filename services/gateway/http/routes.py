@@ -8,7 +8,9 @@ streaming inference endpoints are not here: ``relay.py`` serves them.
 
 from __future__ import annotations
 
+import asyncio
 import time
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,7 +19,7 @@ import structlog
 from litestar import Request, Response, get, post
 from litestar.handlers import HTTPRouteHandler
 
-from services.gateway.apis import busy_threshold, embeddings, media
+from services.gateway.apis import busy_threshold, embeddings, lora_admin, media
 from services.gateway.apis import openapi_shapes as out
 from services.gateway.core import asks
 from services.gateway.core.context import current
@@ -28,7 +30,14 @@ from services.gateway.core.port import GatewayBus
 from services.gateway.core.readiness import Readiness
 from services.gateway.http.openapi import DOCS_PATH, swagger_page
 from shared.errors import ModelNotFound
-from shared.messages import WORKER_ROLES, WorkerCard
+from shared.messages import (
+    WORKER_ROLES,
+    LoadLoraAdapter,
+    LoraAdapterAnswer,
+    LoraCommand,
+    UnloadLoraAdapter,
+    WorkerCard,
+)
 
 JSON = "application/json"
 log = structlog.get_logger(__name__)
@@ -53,12 +62,54 @@ def build_routes(
     @get(paths.models, include_in_schema=False)
     async def list_models() -> Response[bytes]:
         data = []
-        for model in bus.live_models():
+        live = {model: bus.live_workers(model) for model in bus.live_models()}
+        for model, cards in live.items():
             card = await bus.model_card(model)
             created = card.created if card and card.created else started_at
-            workers = model_workers(bus.live_workers(model))
+            workers = model_workers(cards)
             data.append(out.Model(id=model, created=created, owned_by="jetserve", jetserve=workers))
+            for adapter in lora_admin.adapters_of(cards).values():  # vLLM lists each with parent
+                holders = model_workers(c for c in cards if c.worker_id in adapter.workers)
+                data.append(
+                    out.Model(
+                        id=adapter.name,
+                        created=created,
+                        owned_by="jetserve",
+                        root=adapter.path,
+                        parent=adapter.parent,
+                        jetserve=holders,
+                    )
+                )
         return Response(msgspec.json.encode(out.ModelList(data=data)), media_type=JSON)
+
+    @post(paths.load_lora_adapter, status_code=200, include_in_schema=False)
+    async def load_lora_adapter(request: Request[Any, Any, Any]) -> Response[str]:
+        body = lora_admin.parse_load(await request.body())
+        cards = lora_admin.targets(body.model, body.worker_ids, _live(bus))
+        command = LoadLoraAdapter(
+            request_id=uuid.uuid4().hex,
+            lora_name=body.lora_name,
+            lora_path=body.lora_path,
+            requested_by="gateway",
+        )
+        answers = await _each(bus, cards, command)
+        text = lora_admin.load_outcome(body.lora_name, answers)
+        await _seen(bus, body.lora_name, answers, held=True)
+        log.info("lora_adapter_loaded", lora_name=body.lora_name, workers=len(answers))
+        return Response(text, media_type="text/plain")
+
+    @post(paths.unload_lora_adapter, status_code=200, include_in_schema=False)
+    async def unload_lora_adapter(request: Request[Any, Any, Any]) -> Response[str]:
+        body = lora_admin.parse_unload(await request.body())
+        cards = lora_admin.targets(body.model, body.worker_ids, _live(bus))
+        command = UnloadLoraAdapter(
+            request_id=uuid.uuid4().hex, lora_name=body.lora_name, requested_by="gateway"
+        )
+        answers = await _each(bus, cards, command)
+        text = lora_admin.unload_outcome(body.lora_name, answers)
+        await _seen(bus, body.lora_name, answers, held=False)
+        log.info("lora_adapter_unloaded", lora_name=body.lora_name, workers=len(answers))
+        return Response(text, media_type="text/plain")
 
     @get(paths.health, include_in_schema=False)
     async def health() -> Response[bytes]:
@@ -107,7 +158,50 @@ def build_routes(
     async def list_busy_thresholds() -> Response[bytes]:
         return Response(busy_threshold.listing(await bus.busy_thresholds()), media_type=JSON)
 
-    return [list_models, health, live, prometheus, docs, set_busy_threshold, list_busy_thresholds]
+    return [
+        list_models,
+        health,
+        live,
+        prometheus,
+        docs,
+        set_busy_threshold,
+        list_busy_thresholds,
+        load_lora_adapter,
+        unload_lora_adapter,
+    ]
+
+
+LORA_COMMAND_TIMEOUT_S = 30.0
+"""A worker's answer to a load (which may read the adapter's weights) must come within this."""
+LORA_SEEN_WITHIN_S = 2.0
+"""How long an admin answer waits for this gateway's registry view to show the change."""
+
+
+async def _seen(
+    bus: GatewayBus, name: str, answers: list[LoraAdapterAnswer], *, held: bool
+) -> None:
+    """Wait (bounded) until this gateway's view of the changed workers' cards shows the change,
+    so the client's next request here finds the adapter (or does not)."""
+    changed = {a.worker_id for a in answers if a.changed}
+    deadline = time.monotonic() + LORA_SEEN_WITHIN_S
+    while time.monotonic() < deadline:
+        cards = [c for cards in _live(bus).values() for c in cards if c.worker_id in changed]
+        if all(any(a.name == name for a in c.loras) == held for c in cards):
+            return
+        await asyncio.sleep(0.01)
+    log.warning("lora_change_not_seen", lora_name=name)
+
+
+def _live(bus: GatewayBus) -> dict[str, list[WorkerCard]]:
+    return {model: bus.live_workers(model) for model in bus.live_models()}
+
+
+async def _each(
+    bus: GatewayBus, cards: list[WorkerCard], command: LoraCommand
+) -> list[LoraAdapterAnswer]:
+    """Send ``command`` to every worker of ``cards`` at once; their answers, in order."""
+    asks = (bus.lora_command(c.worker_id, command, LORA_COMMAND_TIMEOUT_S) for c in cards)
+    return list(await asyncio.gather(*asks))
 
 
 def build_ask_routes(

@@ -29,6 +29,7 @@ from services.cli.stack import (
     admission_env,
     replica_args,
 )
+from shared.vision_model import VISION_MODEL_NAME
 
 
 def plan(*argv: str) -> UpPlan:
@@ -57,9 +58,11 @@ EVERY_OPTION = (
     *("--prefill-workers", "2", "--decode-workers", "2", "--data-parallel-size", "2"),
     *("--routers", "2", "--formatters", "2", "--preprocessors", "2", "--tensor-workers", "1"),
     *("--embedders", "2", "--embedding-model-name", "emb", "--media-workers", "1"),
+    *("--vision-workers", "2"),
     *("--model-name", "m", "--log-to-terminal", "--secure"),
     *("--namespace", "ns", "--log-level", "DEBUG", "--log-format", "json"),
     *("--metrics-prefix", "acme_"),
+    *("--lora-modules", "sql=/a/sql", "chat=/a/chat"),
 )
 """A value other than the default for every option of ``jetserve up`` (but ``--nats-url``, which
 ``--secure`` refuses, and ``--run-dir``, a path); a new option needs one here."""
@@ -308,6 +311,28 @@ def test_replicas_serve_metrics_on_consecutive_ports(tmp_path: Path) -> None:
     commands = dict(Stack(config).plan())
     assert commands["formatter-0"][-2:] == ["--metrics-port", "9100"]
     assert commands["formatter-1"][-2:] == ["--metrics-port", "9101"]
+
+
+def test_vision_workers_are_mockers_serving_the_vision_model(tmp_path: Path) -> None:
+    config = StackConfig(
+        run_dir=tmp_path,
+        workers=1,
+        vision_workers=2,
+        vision_model_path="/vl",
+        mocker_args="--seed 3",
+    )
+    commands = dict(Stack(config).plan())
+    vision = commands["mocker-vision-1"]
+    assert vision[2] == "services.mocker"
+    assert vision[3:] == ["--seed", "3", "--model-path", "/vl", "--model-name", VISION_MODEL_NAME]
+    assert "mocker-vision-0" in commands
+
+
+def test_vision_workers_leave_other_engines_worker_args_out(tmp_path: Path) -> None:
+    config = StackConfig(
+        run_dir=tmp_path, engine="hf", vision_workers=1, vision_model_path="/vl", mocker_args="--x"
+    )
+    assert "--x" not in dict(Stack(config).plan())["mocker-vision-0"]
 
 
 def test_replica_args_leave_an_unset_metrics_port_alone() -> None:

@@ -13,6 +13,8 @@ from shared.messages import (
     CountTokens,
     Embed,
     EmbedResult,
+    LoraAdapterAnswer,
+    LoraCommand,
     MediaGenerate,
     MediaResult,
     ModelCard,
@@ -150,6 +152,11 @@ class FakeBus(GatewayBus):
     async def busy_thresholds(self, model: str | None = None) -> list[BusyThresholdsChanged]:
         found = list(self.thresholds.values())
         return [m for m in found if model is None or m.model == model]
+
+    async def lora_command(
+        self, worker_id: str, command: LoraCommand, timeout_s: float
+    ) -> LoraAdapterAnswer:
+        return LoraAdapterAnswer(request_id=command.request_id, worker_id=worker_id, changed=True)
 
     async def set_busy_thresholds(self, message: BusyThresholdsChanged) -> BusyThresholdsChanged:
         revision = 1 + max((m.revision for m in self.thresholds.values()), default=0)

@@ -218,7 +218,7 @@ def test_output_config_json_schema_is_guided() -> None:
                 "max_tokens": 5,
                 "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
             },
-            "messages[0].content[0].type",
+            "messages[0].content[0].source.type",
         ),
         (
             {

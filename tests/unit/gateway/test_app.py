@@ -59,6 +59,8 @@ async def test_models_use_the_model_card_created_time(http: AsyncTestClient[Any]
                 "object": "model",
                 "created": 123,
                 "owned_by": "jetserve",
+                "root": None,
+                "parent": None,
                 "jetserve": {"workers": {"prefill": 0, "decode": 0, "both": 1}, "dp_ranks": 1},
             }
         ],

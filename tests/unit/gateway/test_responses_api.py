@@ -1,4 +1,4 @@
-"""OpenAI Responses requests -> ``Preprocess`` (``responses_api``), stateless."""
+"""OpenAI Responses requests -> ``Preprocess`` (``responses_api``)."""
 
 from __future__ import annotations
 
@@ -182,7 +182,8 @@ def test_logprobs_are_asked_for_with_top_logprobs_or_include() -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "x", "previous_response_id": "msg_1"}, "previous_response_id"),
+        ({"input": "x", "previous_response_id": "resp_1.2"}, "previous_response_id"),
         ({"input": "x", "conversation": "conv_1"}, "conversation"),
         ({}, "input"),
         ({"input": ""}, "input"),
@@ -190,7 +191,15 @@ def test_logprobs_are_asked_for_with_top_logprobs_or_include() -> None:
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
-            "input[0].content[0].type",
+            "input[0].content[0]",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+            "input[0].content[0].file_id",
+        ),
+        (
+            {"input": [{"type": "compaction", "encrypted_content": "x"}]},
+            "input[0].encrypted_content",
         ),
         ({"input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
@@ -201,13 +210,16 @@ def test_logprobs_are_asked_for_with_top_logprobs_or_include() -> None:
         ({"input": "x", "n": 2}, "n"),
     ],
     ids=[
-        "previous-response",
+        "previous-response-not-resp",
+        "previous-response-bad-characters",
         "conversation",
         "no-input",
         "empty-input",
         "no-items",
         "item-reference",
         "image",
+        "file-id",
+        "foreign-compaction",
         "call-without-id",
         "hosted-tool",
         "required-without-tools",
@@ -247,14 +259,18 @@ async def test_a_failure_mid_stream_ends_with_a_numbered_error_event() -> None:
     assert b"[DONE]" not in data
 
 
-async def test_a_bad_body_is_a_400_in_openai_shape() -> None:
+async def test_an_unknown_previous_response_is_a_400_in_openai_shape() -> None:
 
     body = msgspec.json.encode({"model": "m", "input": "Hi", "previous_response_id": "resp_1"})
     done = await exchange([body], path="/v1/responses")
     assert done.sent[0]["status"] == 400
     error = msgspec.json.decode(done.sent[1]["body"])["error"]
-    assert error["param"] == "previous_response_id"
-    assert error["type"] == "invalid_request_error"
+    assert error == {
+        "message": "Previous response with id 'resp_1' not found.",
+        "type": "invalid_request_error",
+        "code": "previous_response_not_found",
+        "param": "previous_response_id",
+    }
 
 
 def test_echo_fields_repeat_the_request_as_openai_shows_it() -> None:
@@ -277,8 +293,10 @@ def test_echo_fields_repeat_the_request_as_openai_shows_it() -> None:
             }
         )
     )
-    echo = echo_fields(request)
+    echo = echo_fields(request, response_id="resp_9", stored=True)
     assert echo == {
+        "id": "resp_9",
+        "previous_response_id": None,
         "instructions": "Be brief.",
         "max_output_tokens": 64,
         "max_tool_calls": None,
@@ -288,7 +306,7 @@ def test_echo_fields_repeat_the_request_as_openai_shows_it() -> None:
         "prompt_cache_key": "shared-prefix",
         "reasoning": {"effort": "low", "summary": None},
         "safety_identifier": "user-7",
-        "store": False,
+        "store": True,
         "temperature": 0.2,
         "text": {"format": {"type": "text"}, "verbosity": "medium"},
         "tool_choice": {"type": "function", "name": "get_weather"},
@@ -309,7 +327,6 @@ def test_echo_fields_repeat_the_request_as_openai_shows_it() -> None:
     }
     Response.model_validate(
         {
-            "id": "resp_1",
             "object": "response",
             "created_at": 1,
             "model": "m",

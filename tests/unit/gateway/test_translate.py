@@ -13,6 +13,7 @@ from services.gateway.apis.openai import (
     completion_to_preprocess,
     parse_chat,
     parse_completion,
+    prompts,
 )
 from shared.errors import InvalidRequest
 from shared.messages import Preprocess
@@ -86,10 +87,19 @@ class TestChatValidation:
         with pytest.raises(InvalidRequest, match="need `content`"):
             chat_to_preprocess(parse_chat(msgspec.json.encode(body)), **_IDS)
 
-    def test_image_content_part_is_invalid(self) -> None:
-        parts = [{"type": "image_url", "image_url": {"url": "x"}}]
+    def test_image_parts_travel_to_the_preprocessor_naming_their_place(self) -> None:
+        parts = [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "x"}}]
         body = {"model": "m", "messages": [{"role": "user", "content": parts}]}
-        with pytest.raises(InvalidRequest, match="Only text content parts") as caught:
+        preprocess = chat_to_preprocess(parse_chat(msgspec.json.encode(body)), **_IDS)
+        assert preprocess.messages[0]["content"] == [
+            {"type": "text", "text": "hi"},
+            {"type": "image_url", "image_url": {"url": "x"}, "param": "messages[0].content[1]"},
+        ]
+
+    def test_other_content_parts_are_invalid(self) -> None:
+        parts = [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]
+        body = {"model": "m", "messages": [{"role": "user", "content": parts}]}
+        with pytest.raises(InvalidRequest, match="only `text` and `image_url`") as caught:
             chat_to_preprocess(parse_chat(msgspec.json.encode(body)), **_IDS)
         assert caught.value.param == "messages[0].content[0]"
 
@@ -248,8 +258,14 @@ class TestCompletion:
         request = completion(prompt=[1, 2, 3])
         assert (request.prompt, request.prompt_token_ids) == (None, (1, 2, 3))
 
-    def test_several_prompts_are_refused(self) -> None:
-        with pytest.raises(InvalidRequest, match="Only one prompt") as caught:
+    def test_several_prompts_are_a_batch_of_one_prompt_each(self) -> None:
+        assert prompts(["a", "b"]) == ["a", "b"]
+        assert prompts([[1], [2, 3]]) == [[1], [2, 3]]
+        assert prompts(["a"]) == [["a"]]
+        assert prompts([1, 2]) == [[1, 2]]
+
+    def test_one_request_of_a_batch_is_made_per_prompt_not_for_the_batch(self) -> None:
+        with pytest.raises(InvalidRequest, match="a list of several strings") as caught:
             completion(prompt=["a", "b"])
         assert caught.value.param == "prompt"
 

@@ -229,9 +229,17 @@ class TestMessages:
         with pytest.raises(InvalidRequest, match="not valid JSON"):
             normalize_messages([{"role": "assistant", "content": "", "tool_calls": [call]}])
 
-    def test_image_parts_are_rejected(self) -> None:
-        content = [{"type": "image_url", "image_url": {"url": "data:,"}}]
-        with pytest.raises(InvalidRequest, match="image_url"):
+    def test_image_parts_stay_in_a_list_for_vision_templates(self) -> None:
+        content = [
+            {"type": "text", "text": "see"},
+            {"type": "image_url", "image_url": {"url": "x"}},
+        ]
+        (message,) = normalize_messages([{"role": "user", "content": content}])
+        assert message["content"] == [{"type": "text", "text": "see"}, {"type": "image"}]
+
+    def test_other_parts_are_rejected(self) -> None:
+        content = [{"type": "input_audio", "input_audio": {}}]
+        with pytest.raises(InvalidRequest, match="input_audio"):
             normalize_messages([{"role": "user", "content": content}])
 
     def test_message_without_role_is_rejected(self) -> None:

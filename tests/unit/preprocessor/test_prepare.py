@@ -214,6 +214,7 @@ class TestMessages:
             "dp_rank": 0,
             "prefill_to": "",
             "kv_transfer": None,
+            "images": (),
         }
 
     def test_stream_open_carries_the_generate_when_migration_is_on(

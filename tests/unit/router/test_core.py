@@ -12,6 +12,7 @@ from shared.errors import AllWorkersBusy, InvalidRequest, NoWorkerAvailable
 from shared.hashing import prefix_hashes
 from shared.messages import (
     Generate,
+    LoraAdapter,
     RequestPhase,
     RoutingHints,
     SamplingParams,
@@ -97,7 +98,26 @@ class TestKvRouting:
         salted = _gen(routing=RoutingHints(cache_salt="tenant-b"))
         assert core.decide(salted, _cards("w1", "w2"), now=0, rng=RNG).overlap_blocks == 0
         lora = _gen(routing=RoutingHints(lora_name="adapter"))
-        assert core.decide(lora, _cards("w1"), now=0, rng=RNG).overlap_blocks == 0
+        holder = WorkerCard(
+            worker_id="w1", model="m", loras=(LoraAdapter(name="adapter", path="/a"),)
+        )
+        assert core.decide(lora, [holder], now=0, rng=RNG).overlap_blocks == 0
+
+    def test_an_adapters_request_goes_only_to_its_holders(self) -> None:
+        core = _core()
+        holder = WorkerCard(worker_id="w2", model="m", loras=(LoraAdapter(name="a", path="/a"),))
+        lora = _gen(routing=RoutingHints(lora_name="a"))
+        picks = {
+            core.decide(lora, [*_cards("w1", "w3"), holder], now=0, rng=random.Random(i)).worker_id
+            for i in range(20)
+        }
+        assert picks == {"w2"}
+        assert core.decide(lora, [holder], now=0, rng=RNG).lora_name == "a"
+
+    def test_an_adapter_nobody_holds_is_no_worker_available(self) -> None:
+        lora = _gen(routing=RoutingHints(lora_name="a"))
+        with pytest.raises(NoWorkerAvailable, match="holds LoRA adapter a"):
+            _core().decide(lora, _cards("w1"), now=0, rng=RNG)
 
     def test_identical_idle_workers_are_chosen_at_random(self) -> None:
         core = _core()

@@ -7,6 +7,9 @@ and vLLM's ``CompletionRequest`` (``return_token_ids``, ``return_tokens_as_token
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 
 from services.vllm_worker.sampling import (
@@ -14,6 +17,7 @@ from services.vllm_worker.sampling import (
     cache_salt,
     completions_body,
     engine_kwargs,
+    features_for_version,
     structured_outputs,
 )
 from shared.messages import Guided, SamplingParams
@@ -94,18 +98,109 @@ def test_guided_json_schema_and_object_become_structured_outputs() -> None:
     assert structured_outputs(None) is None
 
 
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS = ({"name": "get_weather", "parameters": WEATHER}, {"name": "search", "strict": False})
+
+
+def _tag(guided: Guided) -> dict[str, Any]:
+    structured = structured_outputs(guided)
+    assert structured is not None
+    assert set(structured) == {"structural_tag"}  # StructuredOutputsParams.structural_tag
+    tag: dict[str, Any] = json.loads(structured["structural_tag"])
+    return tag
+
+
+class TestToolChoice:
+    """``tool_choice`` required / named → ``structured_outputs.structural_tag``, the shape of
+    vLLM's hermes builder (``vllm/tool_parsers/structural_tag_registry.py``
+    ``get_hermes_structural_tag``: ``StructuralTag(format=TagsWithSeparatorFormat(...))``)."""
+
+    def test_required_is_one_or_more_calls_in_the_model_syntax(self) -> None:
+        tag = _tag(Guided(tools=TOOLS, tool_choice="required", tool_syntax="hermes"))
+        assert tag["type"] == "structural_tag"
+        fmt = tag["format"]
+        assert fmt["type"] == "tags_with_separator"
+        assert (fmt["at_least_one"], fmt["stop_after_first"]) == (True, False)
+        begins = [t["begin"] for t in fmt["tags"]]
+        assert begins == [
+            '<tool_call>\n{"name": "get_weather", "arguments": ',
+            '<tool_call>{"name": "get_weather", "arguments": ',
+            '<tool_call>\n{"name": "search", "arguments": ',
+            '<tool_call>{"name": "search", "arguments": ',
+        ]
+        assert fmt["tags"][0]["content"] == {"type": "json_schema", "json_schema": WEATHER}
+        assert fmt["tags"][0]["end"] == "}\n</tool_call>"
+        # strict: false → any JSON arguments (vLLM's get_function_parameters)
+        assert fmt["tags"][2]["content"]["json_schema"] is True
+
+    def test_parallel_false_stops_after_the_first_call(self) -> None:
+        guided = Guided(
+            tools=TOOLS, tool_choice="required", tool_syntax="hermes", parallel_tool_calls=False
+        )
+        assert _tag(guided)["format"]["stop_after_first"] is True
+
+    def test_named_function_is_one_call_to_it(self) -> None:
+        fmt = _tag(Guided(tools=TOOLS, tool_choice="search", tool_syntax="hermes"))["format"]
+        assert fmt["stop_after_first"] is True
+        assert {t["begin"].split('"')[3] for t in fmt["tags"]} == {"search"}
+
+    def test_forced_calls_replace_the_response_format(self) -> None:
+        guided = Guided(
+            tools=TOOLS, tool_choice="required", tool_syntax="llama3_json", json_object=True
+        )
+        assert set(structured_outputs(guided) or {}) == {"structural_tag"}
+
+    @pytest.mark.parametrize("syntax", ["mistral", ""])
+    def test_a_syntax_without_a_tag_is_a_400_naming_it(self, syntax: str) -> None:
+        guided = Guided(tools=TOOLS, tool_choice="required", tool_syntax=syntax)
+        with pytest.raises(EngineError, match=syntax or "no tool-call parser"):
+            engine_kwargs(SamplingParams(guided=guided))
+
+    def test_auto_stays_free_text(self) -> None:
+        assert structured_outputs(Guided(tools=TOOLS, tool_syntax="hermes")) is None
+
+    def test_an_old_vllm_is_a_400_naming_the_version_needed(self) -> None:
+        guided = Guided(tools=TOOLS, tool_choice="required", tool_syntax="hermes")
+        with pytest.raises(EngineError, match=r"0\.11 or newer; the worker runs vLLM 0\.10\.2"):
+            engine_kwargs(SamplingParams(guided=guided), features=features_for_version("0.10.2"))
+
+
+class TestThinking:
+    """``max_thinking_tokens`` → ``thinking_token_budget`` (``vllm/sampling_params.py``)."""
+
+    def test_budget_is_thinking_token_budget_in_both_shapes(self) -> None:
+        sampling = SamplingParams(guided=Guided(max_thinking_tokens=64, reasoning_syntax="qwen3"))
+        assert engine_kwargs(sampling)["thinking_token_budget"] == 64
+        assert completions_body((1,), sampling, model="m")["thinking_token_budget"] == 64
+
+    def test_a_model_that_does_not_reason_needs_no_budget(self) -> None:
+        kwargs = engine_kwargs(SamplingParams(guided=Guided(max_thinking_tokens=64)))
+        assert "thinking_token_budget" not in kwargs
+
+    def test_json_with_reasoning_is_constrained_after_the_reasoning(self) -> None:
+        guided = Guided(json_object=True, thinking=True, reasoning_syntax="qwen3")
+        assert engine_kwargs(SamplingParams(guided=guided))["structured_outputs"] == {
+            "json_object": True
+        }
+
+    def test_an_old_vllm_is_a_400(self) -> None:
+        sampling = SamplingParams(guided=Guided(max_thinking_tokens=8, reasoning_syntax="qwen3"))
+        with pytest.raises(EngineError, match=r"max_thinking_tokens needs vLLM 0\.20"):
+            completions_body((1,), sampling, model="m", features=features_for_version("0.19.1"))
+
+
 @pytest.mark.parametrize(
-    ("guided", "words"),
+    ("version", "tags", "budget"),
     [
-        (Guided(tools=({"name": "f"},), tool_choice="required"), "tool_choice"),
-        (Guided(tools=({"name": "f"},), tool_choice="f"), "tool_choice"),
-        (Guided(json_object=True, thinking=True), "reasoning"),
-        (Guided(max_thinking_tokens=10), "max_thinking_tokens"),
+        ("0.10.2", False, False),
+        ("0.11.0", True, False),
+        ("v0.20.1", True, True),
+        (None, True, True),
     ],
 )
-def test_what_vllm_cannot_express_is_a_typed_400(guided: Guided, words: str) -> None:
-    with pytest.raises(EngineError, match=words):
-        engine_kwargs(SamplingParams(guided=guided))
+def test_features_follow_the_version(version: str | None, tags: bool, budget: bool) -> None:
+    features = features_for_version(version)
+    assert (features.tool_tags, features.thinking_budget) == (tags, budget)
 
 
 @pytest.mark.parametrize(
