@@ -204,10 +204,11 @@ class WorkerRegistration:
 
     async def stop(self) -> None:
         """Stop the heartbeat and delete the card (the worker leaves the registry at once)."""
-        if self._task is not None:
-            self._task.cancel()
+        task, self._task = self._task, None  # an update after this puts nothing back
+        if task is not None:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
         if self._kv is not None:
             with contextlib.suppress(Exception):
                 await self._kv.delete(self._card.worker_id)

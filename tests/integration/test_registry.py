@@ -12,7 +12,7 @@ import structlog
 from nats.aio.client import Client
 from nats.js.errors import BucketNotFoundError
 
-from shared.messages import ModelCard
+from shared.messages import ModelCard, WorkerCard
 from shared.registry import (
     ModelFiles,
     content_digest,
@@ -21,6 +21,7 @@ from shared.registry import (
     publish_model,
     upload_lease_key,
 )
+from shared.registry.writer import WorkerRegistration
 from shared.registry.jetstream import bucket_entries
 from shared.subjects import Subjects
 
@@ -60,6 +61,22 @@ async def test_a_buckets_listing_holds_its_live_entries_only(
     await kv.purge("purged")
     listed = await bucket_entries(js, subjects.workers_bucket)
     assert [(e.key, e.value) for e in listed] == [("a", b"a2"), ("b", b"b"), ("c", b"c")]
+
+
+async def test_a_card_updated_after_its_worker_left_is_not_put_back(
+    nc: Client, subjects: Subjects
+) -> None:
+    """A LoRA load answered while the worker withdraws (an unhealthy engine, a drain) must not
+    register it again."""
+    js = nc.jetstream()
+    card = WorkerCard(worker_id="w1", model="m")
+    registration = WorkerRegistration(js, subjects, card)
+    await registration.start()
+    await registration.update(msgspec.structs.replace(card, max_loras=2))
+    assert [e.key for e in await bucket_entries(js, subjects.workers_bucket)] == ["w1"]
+    await registration.stop()
+    await registration.update(msgspec.structs.replace(card, max_loras=3))
+    assert await bucket_entries(js, subjects.workers_bucket) == []
 
 
 def _tiny_model(tmp_path: Path) -> Path:
