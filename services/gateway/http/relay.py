@@ -154,13 +154,7 @@ class Relay:
         if parsed.turn is not None:
             turn = await self._turns.begin(parsed.turn, headers)
             to_preprocess = turn.to_preprocess
-        envelope = self._exchanges.envelope(ctx)
-        request = to_preprocess(
-            request_id=envelope.request_id,
-            reply_to=envelope.reply_to,
-            created=envelope.created,
-            deadline_ms=envelope.deadline_ms,
-        )
+        request, envelope = self._exchanges.addressed(ctx, to_preprocess)
         if parent is not None:  # a LoRA adapter's name: its base model, routed to its holders
             request = lora_admin.for_adapter(request, parent)
         return _Prepared(request, envelope, turn)
@@ -170,13 +164,7 @@ class Relay:
         ``_prepare`` makes one)."""
         batch = []
         for to_preprocess in parsed.batch:
-            envelope = self._exchanges.envelope(ctx)
-            request = to_preprocess(
-                request_id=envelope.request_id,
-                reply_to=envelope.reply_to,
-                created=envelope.created,
-                deadline_ms=envelope.deadline_ms,
-            )
+            request, envelope = self._exchanges.addressed(ctx, to_preprocess)
             if parent is not None:
                 request = lora_admin.for_adapter(request, parent)
             batch.append((request, envelope))

@@ -83,13 +83,7 @@ def build_turn_routes(
         )
         turn = await turns.begin(summary_request)
         ctx = current()
-        envelope = exchanges.envelope(ctx)
-        bus_request = turn.to_preprocess(
-            request_id=envelope.request_id,
-            reply_to=envelope.reply_to,
-            created=envelope.created,
-            deadline_ms=envelope.deadline_ms,
-        )
+        bus_request, envelope = exchanges.addressed(ctx, turn.to_preprocess)
         exchange = await exchanges.submit(ctx, bus_request, envelope)
         _, data = await exchange.relay(await exchange.first())
         response = final_response(data, stream=False)

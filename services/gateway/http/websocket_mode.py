@@ -178,13 +178,7 @@ class WebSocketMode:
         exchanges = self._exchanges
         await exchanges.bus.check_model(request.model)
         turn = await self._turns.begin(request, recent=recent)
-        envelope = exchanges.envelope(ctx)
-        bus_request = turn.to_preprocess(
-            request_id=envelope.request_id,
-            reply_to=envelope.reply_to,
-            created=envelope.created,
-            deadline_ms=envelope.deadline_ms,
-        )
+        bus_request, envelope = exchanges.addressed(ctx, turn.to_preprocess)
         exchange = await exchanges.submit(ctx, bus_request, envelope)
         conn.exchange = exchange
         try:
