@@ -34,11 +34,13 @@ LONG = 4000
 """Tokens of an answer that takes the mocker at real speed (~6 ms a token) far longer than
 the test: only a cancellation ends it early."""
 CONTROLLING_TTY = (
-    "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
-    "os.execv(sys.argv[1], sys.argv[1:])"
+    "import fcntl, os, signal, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+    "signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
 )
 """Make the pty (stdin) the controlling terminal of the new session before exec'ing the
-command, so that Ctrl-C typed on it is a SIGINT, as in a real terminal."""
+command, so that Ctrl-C typed on it is a SIGINT, as in a real terminal; and SIGINT's default
+action back: a test run started in the background by a non-interactive shell (``cmd &``)
+inherits SIGINT ignored, and Python then installs no ``KeyboardInterrupt`` handler."""
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
 
 
