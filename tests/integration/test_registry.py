@@ -21,8 +21,8 @@ from shared.registry import (
     publish_model,
     upload_lease_key,
 )
-from shared.registry.writer import WorkerRegistration
 from shared.registry.jetstream import bucket_entries
+from shared.registry.writer import WorkerRegistration
 from shared.subjects import Subjects
 
 
