@@ -423,29 +423,36 @@ class FakeKvPublisher:
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
-        if endpoint is None:
-            port = self._pub.bind_to_random_port("tcp://127.0.0.1")
-            self.endpoint = f"tcp://127.0.0.1:{port}"
-        else:
-            # ZmqEventPublisher._socket_setup: bind a wildcard, IPC or inproc endpoint, else
-            # connect (to a subscriber that binds)
-            self.endpoint = offset_endpoint(endpoint, data_parallel_rank)
-            wildcard = "*" in self.endpoint or "::" in self.endpoint
-            if wildcard or self.endpoint.startswith(("ipc://", "inproc://")):
-                self._pub.bind(self.endpoint)
-            else:
-                self._pub.connect(self.endpoint)
         self.replay_endpoint: str | None = None
         self._replay: zmq.Socket[bytes] | None = None
-        if replay:
-            self._replay = self._ctx.socket(zmq.ROUTER)
-            self._replay.setsockopt(zmq.LINGER, 0)
-            if replay_endpoint is None:
-                rport = self._replay.bind_to_random_port("tcp://127.0.0.1")
-                self.replay_endpoint = f"tcp://127.0.0.1:{rport}"
+        try:
+            if endpoint is None:
+                port = self._pub.bind_to_random_port("tcp://127.0.0.1")
+                self.endpoint = f"tcp://127.0.0.1:{port}"
             else:
-                self.replay_endpoint = offset_endpoint(replay_endpoint, data_parallel_rank)
-                self._replay.bind(self.replay_endpoint)
+                # ZmqEventPublisher._socket_setup: bind a wildcard, IPC or inproc endpoint, else
+                # connect (to a subscriber that binds)
+                self.endpoint = offset_endpoint(endpoint, data_parallel_rank)
+                wildcard = "*" in self.endpoint or "::" in self.endpoint
+                if wildcard or self.endpoint.startswith(("ipc://", "inproc://")):
+                    self._pub.bind(self.endpoint)
+                else:
+                    self._pub.connect(self.endpoint)
+            if replay:
+                self._replay = self._ctx.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.LINGER, 0)
+                if replay_endpoint is None:
+                    rport = self._replay.bind_to_random_port("tcp://127.0.0.1")
+                    self.replay_endpoint = f"tcp://127.0.0.1:{rport}"
+                else:
+                    self.replay_endpoint = offset_endpoint(replay_endpoint, data_parallel_rank)
+                    self._replay.bind(self.replay_endpoint)
+        except zmq.ZMQError:  # a port taken meanwhile: close what was opened (no context left)
+            self._pub.close()
+            if self._replay is not None:
+                self._replay.close()
+            self._ctx.term()
+            raise
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._queue: queue.Queue[tuple[bytes, bool] | None] = queue.Queue()
         self._seq = itertools.count()

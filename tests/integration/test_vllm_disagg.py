@@ -10,11 +10,13 @@ proxy does (``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``, comm
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import pytest
+import zmq
 
 from services.vllm_worker.engine import VllmEngine, VllmHandle
 from services.vllm_worker.kv_endpoints import loopback_sources
@@ -38,6 +40,7 @@ from tests.integration.test_vllm_worker import expected_tokens, run_one
 from tests.support import eventually_async
 
 BS = 16
+BIND_TRIES = 5
 PROMPT = tuple(range(100, 140))  # 40 tokens: 3 blocks (2 full)
 PROXY_PREFILL = {
     "do_remote_decode": True,
@@ -248,17 +251,35 @@ async def test_in_process_ranks_get_their_requests_and_name_their_events() -> No
         assert set(llm.scheduler.engines) == {0, 1}  # one stat logger per engine core
 
 
+def _wildcard_publishers(dp_size: int) -> tuple[str, str, list[FakeKvPublisher]]:
+    """``vllm serve --data-parallel-size N --kv-events-config '{"endpoint": "tcp://*:P", ...}'``:
+    each rank binds P + rank on every interface. The ports were free when picked; one taken
+    before the bind (an outgoing connection's ephemeral port, say) means new ports, a few times."""
+    for attempt in range(BIND_TRIES):
+        endpoint, replay, _ = loopback_sources(dp_size, "kv")
+        port, rport = (int(e.rsplit(":", 1)[1]) for e in (endpoint, replay))
+        publishers: list[FakeKvPublisher] = []
+        try:
+            publishers.extend(  # those made before a failed bind stay listed, to be shut down
+                FakeKvPublisher(
+                    endpoint=f"tcp://*:{port}",
+                    replay_endpoint=f"tcp://*:{rport}",
+                    data_parallel_rank=rank,
+                )
+                for rank in range(dp_size)
+            )
+        except zmq.ZMQError as exc:
+            for publisher in publishers:
+                publisher.shutdown()
+            if exc.errno != errno.EADDRINUSE or attempt == BIND_TRIES - 1:
+                raise
+            continue
+        return endpoint, replay, publishers
+    raise AssertionError("unreachable")
+
+
 async def test_remote_ranks_go_in_the_header_and_events_come_per_rank() -> None:
-    endpoint, replay, _ = loopback_sources(2, "kv")
-    port = int(endpoint.rsplit(":", 1)[1])
-    rport = int(replay.rsplit(":", 1)[1])
-    # vllm serve --data-parallel-size 2 --kv-events-config '{"endpoint": "tcp://*:P", ...}'
-    publishers = [
-        FakeKvPublisher(
-            endpoint=f"tcp://*:{port}", replay_endpoint=f"tcp://*:{rport}", data_parallel_rank=r
-        )
-        for r in range(2)
-    ]
+    endpoint, replay, publishers = await asyncio.to_thread(_wildcard_publishers, 2)
     llm = FakeDpAsyncLLM.build(2, publishers=list(publishers))
     server = FakeVllmServer(llm)
     await server.start()
