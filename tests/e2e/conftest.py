@@ -13,11 +13,15 @@ import httpx
 import nats
 import openai
 import pytest
+from nats.aio.msg import Msg
 
 from services.cli.secure import TAP_USER
 from services.cli.stack import Stack, StackConfig, StackError
+from shared import codec
 from shared.bus_permissions import inbox_prefix
+from shared.messages import RouteDecision
 from shared.model_dir import DEFAULT_MODEL_NAME, ensure_default_model_dir
+from shared.subjects import Subjects
 from tests.support import eventually, eventually_awaited, nats_server_binary, registered_cards
 
 MODEL = DEFAULT_MODEL_NAME
@@ -185,3 +189,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if isinstance(stack, Stack):
         for child in stack.children:
             item.add_report_section(call.when, f"log {child.name}", child.tail(40))
+
+
+@contextlib.asynccontextmanager
+async def route_decisions(stack: Stack) -> AsyncIterator[dict[str, RouteDecision]]:
+    """Every routing decision made meanwhile on ``stack``'s bus, by request id."""
+    seen: dict[str, RouteDecision] = {}
+    nc = await nats.connect(stack.nats_url)
+
+    async def on(msg: Msg) -> None:
+        decision = codec.decode(msg.data, RouteDecision)
+        seen[decision.request_id] = decision
+
+    await nc.subscribe(Subjects(stack.config.namespace).decisions, cb=on)
+    await nc.flush()
+    try:
+        yield seen
+    finally:
+        await nc.drain()

@@ -6,20 +6,14 @@ from __future__ import annotations
 import asyncio
 import signal
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 
-import nats
 import openai
 import pytest
-from nats.aio.msg import Msg
 
 from services.cli.stack import Stack
-from shared import codec
-from shared.messages import RouteDecision
-from shared.subjects import Subjects
-from tests.e2e.conftest import MODEL, running_stack
+from tests.e2e.conftest import MODEL, route_decisions, running_stack
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -35,24 +29,6 @@ def session_stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> 
         extra_env={"JETSERVE_ROUTER_SESSION_AFFINITY_TTL_S": "60"},
     ) as stack:
         yield stack
-
-
-@asynccontextmanager
-async def _decisions(stack: Stack) -> AsyncIterator[dict[str, RouteDecision]]:
-    """Every routing decision made meanwhile, by request id."""
-    seen: dict[str, RouteDecision] = {}
-    nc = await nats.connect(stack.nats_url)
-
-    async def on(msg: Msg) -> None:
-        decision = codec.decode(msg.data, RouteDecision)
-        seen[decision.request_id] = decision
-
-    await nc.subscribe(Subjects(stack.config.namespace).decisions, cb=on)
-    await nc.flush()
-    try:
-        yield seen
-    finally:
-        await nc.drain()
 
 
 async def _chat(
@@ -88,7 +64,7 @@ async def test_a_conversation_stays_on_one_worker_across_a_router_restart(
     session = f"conv-{uuid.uuid4().hex[:8]}"
     client = openai.AsyncOpenAI(base_url=f"{session_stack.base_url}/v1", api_key="x", max_retries=0)
     messages: list[dict[str, str]] = []
-    async with _decisions(session_stack) as decisions:
+    async with route_decisions(session_stack) as decisions:
         ids = []
         for turn in range(20):
             if turn == 10:  # the binding is in the KV bucket, not in the router that made it

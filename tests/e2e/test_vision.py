@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,15 +27,12 @@ import anthropic
 import nats
 import openai
 import pytest
-from nats.aio.msg import Msg
 from PIL import Image
 
 from services.cli.stack import Stack
-from shared import codec
 from shared.messages import RouteDecision
-from shared.subjects import Subjects
 from shared.vision_model import VISION_MODEL_NAME
-from tests.e2e.conftest import MODEL, start_stack
+from tests.e2e.conftest import MODEL, route_decisions, start_stack
 from tests.support import eventually_awaited, registered_cards
 
 pytestmark = pytest.mark.timeout(240)
@@ -266,24 +262,6 @@ async def test_an_allowed_http_url_is_fetched(
 # --- routing -----------------------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def _decisions(stack: Stack) -> AsyncIterator[dict[str, RouteDecision]]:
-    """Every routing decision made meanwhile, by request id."""
-    seen: dict[str, RouteDecision] = {}
-    nc = await nats.connect(stack.nats_url)
-
-    async def on(msg: Msg) -> None:
-        decision = codec.decode(msg.data, RouteDecision)
-        seen[decision.request_id] = decision
-
-    await nc.subscribe(Subjects(stack.config.namespace).decisions, cb=on)
-    await nc.flush()
-    try:
-        yield seen
-    finally:
-        await nc.drain()
-
-
 async def _routed(
     client: openai.AsyncOpenAI, decisions: dict[str, RouteDecision], messages: list[dict[str, Any]]
 ) -> RouteDecision:
@@ -305,7 +283,7 @@ async def test_the_same_image_goes_back_to_the_worker_that_cached_it(
 ) -> None:
     first_image = user(data_url(png(448, 224, (1, 2, 3))), text="Which painting is this?")
     other_image = user(data_url(png(448, 224, (3, 2, 1))), text="Which painting is this?")
-    async with _decisions(vision_stack) as decisions:
+    async with route_decisions(vision_stack) as decisions:
         first = await _routed(oai, decisions, first_image)
         full = first.prompt_tokens // BLOCK
 
